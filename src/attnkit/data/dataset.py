@@ -1,0 +1,259 @@
+"""Prepared corpora: text files -> tokenizer(s) + compact encoded splits in a data folder.
+
+`prepare` does the slow, deterministic work once (tokenizer training, encoding, filtering) so that
+every training run starts by memory-mapping a few arrays instead of re-tokenizing text.
+
+Data folder layout:
+    tokenizer.model | src.model + tgt.model    sentencepiece model(s)
+    {train,valid,test}.safetensors             EncodedSplit arrays
+    {valid,test}.{src,tgt}.txt                 raw text, the references BLEU is computed against
+    prepare.json                               settings and the PrepareReport
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from attnkit.data.text import read_parallel, write_lines
+from attnkit.data.tokenizer import SubwordTokenizer
+from attnkit.errors import DataError
+from attnkit.io import atomic_write_bytes, atomic_write_json, ensure_new_output
+
+SPLIT_NAMES = ("train", "valid", "test")
+_ARRAY_NAMES = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+PathPair = tuple[str | os.PathLike, str | os.PathLike]
+
+
+def _flatten(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged lists -> (flat int32 ids, int64 offsets of length n+1): two arrays instead of n objects."""
+    lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(offsets[-1]))
+    return ids, offsets
+
+
+class EncodedSplit:
+    """One split of a parallel corpus as flat id arrays plus offsets (example i is ids[off[i]:off[i+1]])."""
+
+    def __init__(
+        self, src_ids: np.ndarray, src_offsets: np.ndarray, tgt_ids: np.ndarray, tgt_offsets: np.ndarray
+    ):
+        self.src_ids, self.src_offsets = src_ids, src_offsets
+        self.tgt_ids, self.tgt_offsets = tgt_ids, tgt_offsets
+
+    @classmethod
+    def from_pairs(cls, src: list[list[int]], tgt: list[list[int]]) -> EncodedSplit:
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} source sequences but {len(tgt)} target sequences")
+        return cls(*_flatten(src), *_flatten(tgt))
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    @cached_property
+    def src_lens(self) -> np.ndarray:
+        return np.diff(self.src_offsets)
+
+    @cached_property
+    def tgt_lens(self) -> np.ndarray:
+        return np.diff(self.tgt_offsets)
+
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        s, t = self.src_offsets, self.tgt_offsets
+        return self.src_ids[s[i] : s[i + 1]], self.tgt_ids[t[i] : t[i + 1]]
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.ascontiguousarray(getattr(self, name)) for name in _ARRAY_NAMES}
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_bytes(path, safetensors.numpy.save(self._arrays()))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EncodedSplit:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"no such file: {path}")
+        try:
+            arrays = safetensors.numpy.load(path.read_bytes())
+        except safetensors.SafetensorError as e:
+            raise DataError(f"{path}: not a valid encoded split: {e}") from None
+        _check_arrays(arrays, path)
+        return cls(*(arrays[name] for name in _ARRAY_NAMES))
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """A truncated or foreign file must fail here, not as an IndexError in the middle of an epoch."""
+    missing = [name for name in _ARRAY_NAMES if name not in arrays]
+    if missing:
+        raise DataError(f"{path}: not an encoded split (missing {', '.join(missing)})")
+    for side in ("src", "tgt"):
+        ids, offsets = arrays[f"{side}_ids"], arrays[f"{side}_offsets"]
+        if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(ids):
+            raise DataError(f"{path}: {side} offsets do not match {side} ids")
+    if len(arrays["src_offsets"]) != len(arrays["tgt_offsets"]):
+        raise DataError(f"{path}: source and target hold different numbers of examples")
+
+
+@dataclass
+class SplitCounts:
+    """What happened to the lines of one split."""
+
+    kept: int = 0
+    dropped_empty: int = 0
+    dropped_too_long: int = 0
+
+    def summary(self) -> str:
+        empty, too_long = self.dropped_empty, self.dropped_too_long
+        return f"{self.kept} kept, {empty + too_long} dropped ({empty} empty, {too_long} too long)"
+
+
+@dataclass
+class PrepareReport:
+    """Per-split counts, so a user sees at once if filtering threw away half the corpus."""
+
+    splits: dict[str, SplitCounts] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return "\n".join(f"{name}: {counts.summary()}" for name, counts in self.splits.items())
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {name: dataclasses.asdict(counts) for name, counts in self.splits.items()}
+
+
+def _filter_train(
+    src_text: list[str],
+    tgt_text: list[str],
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]],
+    max_src_len: int,
+    max_tgt_len: int,
+) -> tuple[list[int], SplitCounts]:
+    """Indices of training pairs worth learning from: both sides non-empty and within the length caps."""
+    keep, counts = [], SplitCounts()
+    for i, (s, t) in enumerate(zip(src_text, tgt_text)):
+        if not s.strip() or not t.strip():
+            counts.dropped_empty += 1
+        elif len(src_ids[i]) > max_src_len or len(tgt_ids[i]) > max_tgt_len:
+            counts.dropped_too_long += 1
+        else:
+            keep.append(i)
+    counts.kept = len(keep)
+    return keep, counts
+
+
+def _train_tokenizers(
+    src: list[str], tgt: list[str], *, vocab_size: int, joint: bool, model_type: str, seed: int
+) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+    """One shared model (shared subwords for names/numbers, tieable embeddings) or one per language."""
+
+    def train(texts: list[str]) -> SubwordTokenizer:
+        return SubwordTokenizer.train(texts, vocab_size, model_type=model_type, seed=seed)
+
+    if joint:
+        tok = train(src + tgt)
+        return tok, tok
+    return train(src), train(tgt)
+
+
+def _save_tokenizers(out_dir: Path, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer) -> None:
+    if src_tok is tgt_tok:
+        src_tok.save(out_dir / "tokenizer.model")
+    else:
+        src_tok.save(out_dir / "src.model")
+        tgt_tok.save(out_dir / "tgt.model")
+
+
+def _remove_stale(out_dir: Path) -> None:
+    """With --force, drop outputs of an earlier prepare (e.g. src.model after a switch to joint)."""
+    names = ["tokenizer.model", "src.model", "tgt.model", "prepare.json"]
+    names += [f"{split}.safetensors" for split in SPLIT_NAMES]
+    names += [f"{split}.{side}.txt" for split in SPLIT_NAMES for side in ("src", "tgt")]
+    for name in names:
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def prepare(
+    out_dir: str | os.PathLike,
+    train: PathPair,
+    valid: PathPair | None = None,
+    test: PathPair | None = None,
+    *,
+    vocab_size: int = 8000,
+    joint: bool = True,
+    model_type: str = "bpe",
+    max_src_len: int = 256,
+    max_tgt_len: int = 256,
+    force: bool = False,
+    seed: int = 0,
+) -> PrepareReport:
+    """Train tokenizer(s) on the training text, encode every split and write the data folder."""
+    out_dir = ensure_new_output(out_dir, force, what="data folder")
+    # read everything before writing anything: a bad valid file must not leave a half-made folder
+    given = {name: paths for name, paths in zip(SPLIT_NAMES, (train, valid, test)) if paths is not None}
+    texts = {name: read_parallel(*paths) for name, paths in given.items()}
+    src_tok, tgt_tok = _train_tokenizers(
+        *texts["train"], vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out_dir)
+    _save_tokenizers(out_dir, src_tok, tgt_tok)
+    report = PrepareReport()
+    for name, (src, tgt) in texts.items():
+        src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
+        if name == "train":
+            keep, counts = _filter_train(src, tgt, src_ids, tgt_ids, max_src_len, max_tgt_len)
+            src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+        else:  # scored against every reference line, so nothing may be dropped
+            counts = SplitCounts(kept=len(src))
+            write_lines(out_dir / f"{name}.src.txt", src)
+            write_lines(out_dir / f"{name}.tgt.txt", tgt)
+        EncodedSplit.from_pairs(src_ids, tgt_ids).save(out_dir / f"{name}.safetensors")
+        report.splits[name] = counts
+    settings = {
+        "vocab_size_requested": vocab_size,
+        "src_vocab_size": src_tok.vocab_size,
+        "tgt_vocab_size": tgt_tok.vocab_size,
+        "joint": joint,
+        "model_type": model_type,
+        "max_src_len": max_src_len,
+        "max_tgt_len": max_tgt_len,
+        "seed": seed,
+        "sources": {name: [str(p) for p in paths] for name, paths in given.items()},
+    }
+    atomic_write_json(out_dir / "prepare.json", {"settings": settings, "report": report.to_dict()})
+    return report
+
+
+def _is_joint(data_dir: Path) -> bool:
+    """prepare.json decides; without it, the presence of tokenizer.model does."""
+    meta = data_dir / "prepare.json"
+    if meta.is_file():
+        try:
+            return bool(json.loads(meta.read_text(encoding="utf-8"))["settings"]["joint"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{meta}: unreadable: {e}") from None
+    return (data_dir / "tokenizer.model").is_file()
+
+
+def load_tokenizers(data_dir: str | os.PathLike) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+    """(source, target) tokenizers of a prepared folder; the very same object when joint."""
+    data_dir = Path(data_dir)
+    if _is_joint(data_dir):
+        tok = SubwordTokenizer.load(data_dir / "tokenizer.model")
+        return tok, tok
+    return SubwordTokenizer.load(data_dir / "src.model"), SubwordTokenizer.load(data_dir / "tgt.model")
+
+
+def load_split(data_dir: str | os.PathLike, name: str) -> EncodedSplit:
+    return EncodedSplit.load(Path(data_dir) / f"{name}.safetensors")

@@ -1,0 +1,77 @@
+"""Reading and writing corpus text: plain or gzip, strict UTF-8, errors that name the file and line.
+
+Corpora arrive from many places; a bad byte on line 20 481 should be reported as exactly that,
+not as a traceback from deep inside a tokenizer.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+from attnkit.errors import DataError
+from attnkit.io import atomic_write_text
+
+
+def _read_bytes(path: Path) -> bytes:
+    """All bytes of `path`, gunzipped when the name ends in `.gz`."""
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read: {e}") from None
+
+
+def _strip_cr(line: bytes) -> bytes:
+    """Drop the \r of a \r\n terminator only, so trailing spaces and tabs in the data survive."""
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+    """Decode one line; decoding line by line is what lets the error carry a line number."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """Lines of a plain or `.gz` text file without their line terminators."""
+    path = Path(path)
+    data = _read_bytes(path)
+    if not data:
+        raise DataError(f"{path} is empty")
+    # split on b"\n" only: str.splitlines would also split on \x0b, \x1c, U+2028 ... inside a sentence
+    raw_lines = data.split(b"\n")
+    if raw_lines[-1] == b"":
+        raw_lines.pop()
+    return [_decode_line(_strip_cr(raw), path, i) for i, raw in enumerate(raw_lines, start=1)]
+
+
+def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Source and target lines of a parallel corpus, checked to be aligned line for line."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"parallel files differ in length: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
+        )
+    return src, tgt
+
+
+def resolve_prefix(prefix: str | os.PathLike, lang: str) -> Path:
+    """`PREFIX.LANG`, or its gzipped twin `PREFIX.LANG.gz`, whichever exists (plain wins)."""
+    plain = Path(f"{prefix}.{lang}")
+    for candidate in (plain, Path(f"{plain}.gz")):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"no such file: {plain}(.gz)")
+
+
+def write_lines(path: str | os.PathLike, lines: list[str]) -> None:
+    """Write one line per string, atomically, in the format read_lines reads back."""
+    atomic_write_text(path, "".join(line + "\n" for line in lines))

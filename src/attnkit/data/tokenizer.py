@@ -1,0 +1,125 @@
+"""Subword tokenizer: a thin wrapper over sentencepiece with attnkit's fixed special ids.
+
+Every model, loss and decoder in attnkit assumes PAD 0, BOS 1, EOS 2, UNK 3, so the tokenizer is
+trained with exactly those ids and nothing else in the code base needs to ask for them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+from attnkit.errors import ConfigError, DataError
+from attnkit.io import atomic_write_bytes
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+MIN_VOCAB_SIZE = 8  # the 4 specials plus a few pieces; anything smaller cannot encode text at all
+# sentencepiece samples this many sentences for training: enough for any MT corpus we ship,
+# small enough that a multi-million-line corpus does not exhaust memory.
+MAX_TRAIN_SENTENCES = 2_000_000
+
+
+def _nonempty(texts: Iterable[str]) -> Iterator[str]:
+    """Empty lines carry no subword statistics and sentencepiece warns about each one."""
+    return (t for t in texts if t.strip())
+
+
+class SubwordTokenizer:
+    """Text <-> ids for one language (or both, when trained jointly)."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor):
+        self._sp = processor
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int,
+        model_type: str = "bpe",
+        character_coverage: float = 1.0,
+        seed: int = 0,
+    ) -> SubwordTokenizer:
+        """Train in memory; `hard_vocab_limit=False` lets tiny test corpora yield a smaller vocab."""
+        if vocab_size < MIN_VOCAB_SIZE:
+            raise ConfigError(f"vocab_size must be at least {MIN_VOCAB_SIZE}, got {vocab_size}")
+        spm.set_random_generator_seed(seed)  # sentence sampling and unigram EM are random
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=_nonempty(texts),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                pad_id=PAD_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                hard_vocab_limit=False,
+                byte_fallback=False,
+                num_threads=2,
+                input_sentence_size=MAX_TRAIN_SENTENCES,
+                shuffle_input_sentence=True,
+                minloglevel=2,
+            )
+        except RuntimeError as e:  # e.g. no text at all, or an unknown model_type
+            raise DataError(f"cannot train tokenizer: {e}") from None
+        return cls.from_bytes(model.getvalue())
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> SubwordTokenizer:
+        """Rebuild from a serialized model proto (as stored in files and checkpoints)."""
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(b)
+        except (RuntimeError, OSError) as e:
+            raise DataError(f"not a sentencepiece model: {e}") from None
+        return cls(processor)
+
+    def to_bytes(self) -> bytes:
+        return self._sp.serialized_model_proto()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SubwordTokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"no such file: {path}")
+        try:
+            return cls.from_bytes(path.read_bytes())
+        except DataError as e:
+            raise DataError(f"{path}: {e}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_bytes(path, self.to_bytes())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Ids without BOS/EOS: batching adds them, so the stored corpus stays model-agnostic."""
+        return self._sp.encode(texts, out_type=int)
+
+    def decode(self, ids_batch: list[list[int]]) -> list[str]:
+        """Text of model outputs: everything from the first EOS on is ignored, PAD/BOS dropped."""
+        return self._sp.decode([_content_ids(ids) for ids in ids_batch])
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Subword strings for plot labels, specials included so axes line up with the tensors."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
+
+def _content_ids(ids: Iterable[int]) -> list[int]:
+    """Ids up to (not including) the first EOS, without PAD and BOS."""
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == EOS_ID:
+            break
+        if i not in (PAD_ID, BOS_ID):
+            out.append(i)
+    return out

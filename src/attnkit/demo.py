@@ -1,0 +1,55 @@
+"""The embedded default: German number words -> English, end to end in a few minutes on a CPU.
+
+corpus (num2words) -> prepare (sentencepiece) -> train (transformer-small) -> translate the test set
+-> BLEU / exact match / samples -> an attention heatmap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnkit import config as cfgmod
+from attnkit.data import prepare, read_lines, write_number_corpus
+from attnkit.decode import Translator
+from attnkit.eval import Scores, score_corpus
+from attnkit.io import atomic_write_text, ensure_new_output
+from attnkit.train.trainer import Trainer
+from attnkit.viz import plot_attention_heads
+
+
+@dataclass
+class DemoResult:
+    scores: Scores
+    samples: list[tuple[str, str, str]]  # (source, hypothesis, reference)
+    heatmap: Path
+    checkpoint: Path
+
+
+def run_demo(out_dir: str | Path, *, overrides: list[str] = (), n_train: int = 24000, n_eval: int = 1000,
+             force: bool = False, progress: bool = True, say=print) -> DemoResult:
+    out = ensure_new_output(out_dir, force, "demo folder")
+    cfg = cfgmod.resolve(["demo"], overrides)
+    say(f"1/4 writing the number corpus ({n_train:,} train, {n_eval:,} dev, {n_eval:,} test pairs) to {out}/corpus")
+    files = write_number_corpus(out / "corpus", n_train=n_train, n_valid=n_eval, n_test=n_eval)
+    say("2/4 training a sentencepiece vocabulary and encoding the corpus")
+    report = prepare(out / "data", files["train"], files["valid"], files["test"], vocab_size=400, force=True)
+    say(report.summary())
+    say(f"3/4 training transformer-small (budget {cfg.train.max_minutes or 'none'} min)")
+    trainer = Trainer(cfg, out / "data", out, force=True, progress=progress)
+    trainer.fit()
+    say("4/4 translating the test set")
+    translator = Translator.from_checkpoint(trainer.best_path, device=cfg.train.device)
+    sources, refs = read_lines(files["test"][0]), read_lines(files["test"][1])
+    hyps = translator.translate(sources)
+    texts = [h.text for h in hyps]
+    atomic_write_text(out / "test.hyp", "\n".join(texts) + "\n")
+    scores = score_corpus(texts, refs)
+    # Draw the longest correctly translated test sentence: the alignment is most interesting there.
+    example = max(range(len(sources)), key=lambda i: len(hyps[i].src_pieces) if texts[i] == refs[i] else 0)
+    heatmap = out / "attention.png"
+    h = translator.translate([sources[example]], need_attention=True)[0]
+    plot_attention_heads(h.attention.transpose(0, 1), h.tgt_pieces + ["</s>"], h.src_pieces, heatmap,
+                         title=f"cross-attention, last decoder layer: {sources[example]}")
+    samples = [(sources[i], texts[i], refs[i]) for i in range(5)]
+    return DemoResult(scores, samples, heatmap, trainer.best_path)

@@ -1,0 +1,153 @@
+"""The encoder-decoder Transformer ("Attention Is All You Need", Vaswani et al. 2017).
+
+B batch, S source length, T target length, D model dim, H heads, V vocabulary, L layers.
+
+Seq2seq models expose `encode`, `decode` and `step`; incremental decoding keeps its keys and values in
+one `DecoderState` whose `reorder(indices)` lets a single beam search serve every model family.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnkit.config import TransformerConfig
+from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, SinusoidalPositions, key_padding_to_attn_mask
+
+
+@dataclass
+class Encoded:
+    """Encoder output: memory (B, S, D), padding (B, S) True at pad, weights per layer when asked."""
+
+    memory: torch.Tensor
+    pad_mask: torch.Tensor
+    attention: list[torch.Tensor] | None = None
+
+
+@dataclass
+class DecoderState:
+    """Everything incremental decoding carries from one step to the next."""
+
+    memory_kv: list[KVCache]  # per layer: cross-attention keys/values of the source, computed once
+    memory_mask: torch.Tensor  # (B, 1, 1, S) True = real source token
+    self_kv: list[KVCache | None]  # per layer: decoder self-attention keys/values so far
+    length: int = 0  # target positions already fed
+
+    def reorder(self, indices: torch.Tensor) -> DecoderState:
+        """Select/reorder batch rows (beam search, dropping finished sentences)."""
+        return DecoderState(
+            memory_kv=[kv.reorder(indices) for kv in self.memory_kv],
+            memory_mask=self.memory_mask.index_select(0, indices),
+            self_kv=[None if kv is None else kv.reorder(indices) for kv in self.self_kv],
+            length=self.length,
+        )
+
+
+class Transformer(nn.Module):
+    kind = "transformer"
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_scale = math.sqrt(c.d_model)  # section 3.4: embeddings multiplied by sqrt(d_model)
+        self.src_embed = self._embedding(c.src_vocab_size)
+        # A shared table is registered once, so the state dict (and the checkpoint) holds it once.
+        self.own_tgt_embed = None if c.share_embeddings else self._embedding(c.tgt_vocab_size)
+        self.positions = SinusoidalPositions(c.d_model, c.max_positions)
+        self.dropout = nn.Dropout(c.dropout)
+        block = dict(dropout=c.dropout, attention_dropout=c.attention_dropout,
+                     activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first)
+        self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
+                                     for _ in range(c.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
+                                     for _ in range(c.n_decoder_layers))
+        # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
+        self.encoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        self.out_proj = None if c.tie_output else nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+
+    @classmethod
+    def from_config(cls, config: TransformerConfig) -> Transformer:
+        return cls(config)
+
+    @property
+    def tgt_embed(self) -> nn.Embedding:
+        return self.src_embed if self.own_tgt_embed is None else self.own_tgt_embed
+
+    def _embedding(self, vocab_size: int) -> nn.Embedding:
+        emb = nn.Embedding(vocab_size, self.config.d_model, padding_idx=self.config.pad_id)
+        nn.init.normal_(emb.weight, mean=0.0, std=self.config.d_model**-0.5)  # unit variance after scaling
+        nn.init.zeros_(emb.weight[self.config.pad_id])
+        return emb
+
+    def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        x = table(ids) * self.embed_scale  # (B, T) -> (B, T, D)
+        return self.dropout(self.positions(x, offset))
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, T, D) -> vocabulary logits (B, T, V); tied to the target embedding."""
+        return F.linear(h, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(h)
+
+    # --- the seq2seq interface -------------------------------------------------------------
+    def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Encoded:
+        pad_mask = src.eq(self.config.pad_id)  # (B, S)
+        mask = key_padding_to_attn_mask(pad_mask)  # (B, 1, 1, S)
+        x = self.embed(self.src_embed, src)
+        weights = []
+        for layer in self.encoder:
+            x, w = layer(x, mask=mask, need_weights=need_weights)
+            weights.append(w)
+        return Encoded(self.encoder_norm(x), pad_mask, weights if need_weights else None)
+
+    def decode(
+        self, tgt_in: torch.Tensor, enc: Encoded, *, need_weights: bool = False
+    ) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]] | None]:
+        """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V) [, {"self", "cross"} per layer]."""
+        mask = key_padding_to_attn_mask(enc.pad_mask)
+        y = self.embed(self.tgt_embed, tgt_in)
+        weights: dict[str, list[torch.Tensor]] = {"self": [], "cross": []}
+        for layer in self.decoder:
+            y, w, _ = layer(y, enc.memory, memory_mask=mask, need_weights=need_weights)
+            weights["self"].append(w["self"])
+            weights["cross"].append(w["cross"])
+        return self.project(self.decoder_norm(y)), (weights if need_weights else None)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        return self.decode(tgt_in, self.encode(src))[0]
+
+    def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
+        """Logits plus every attention map: {"encoder", "decoder", "cross"} -> L x (B, H, T, S)."""
+        enc = self.encode(src, need_weights=True)
+        logits, dec = self.decode(tgt_in, enc, need_weights=True)
+        return logits, {"encoder": enc.attention, "decoder": dec["self"], "cross": dec["cross"]}
+
+    def init_state(self, enc: Encoded) -> DecoderState:
+        return DecoderState(
+            memory_kv=[layer.cross_attn.project_kv(enc.memory) for layer in self.decoder],
+            memory_mask=key_padding_to_attn_mask(enc.pad_mask),
+            self_kv=[None] * len(self.decoder),
+        )
+
+    def step(
+        self, tokens: torch.Tensor, state: DecoderState, *, need_weights: bool = False
+    ) -> tuple[torch.Tensor, DecoderState, torch.Tensor | None]:
+        """Feed one token per row, tokens (B,) -> log-probs (B, V), new state, last cross weights (B, H, S)."""
+        y = self.embed(self.tgt_embed, tokens[:, None], offset=state.length)  # (B, 1, D)
+        new_kv, cross = [], None
+        for layer, mem_kv, self_kv in zip(self.decoder, state.memory_kv, state.self_kv):
+            if self_kv is None:  # first step: an empty cache of the right shape
+                b, h, _, dh = mem_kv.k.shape
+                empty = mem_kv.k.new_zeros(b, h, 0, dh)
+                self_kv = KVCache(empty, empty)
+            y, w, self_kv = layer(y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
+                                  need_weights=need_weights)
+            new_kv.append(self_kv)
+            cross = w["cross"]
+        logits = self.project(self.decoder_norm(y))[:, 0]  # (B, V)
+        state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1)
+        return logits.float().log_softmax(dim=-1), state, (None if cross is None else cross[:, :, 0])

@@ -1,0 +1,150 @@
+"""Multi-head scaled dot-product attention (Vaswani et al. 2017, section 3.2).
+
+B batch, T query length, S key length, H heads, Dh head dim, D = H * Dh model dim.
+
+The fast path is `torch.nn.functional.scaled_dot_product_attention` (fused kernels on CPU and CUDA);
+when the caller asks for the weights (pictures, alignments) the explicit path computes
+softmax(QK^T / sqrt(Dh)) V and returns them. Variants (relative attention) override `scores`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnkit.nn.masks import causal_mask
+
+
+@dataclass
+class KVCache:
+    """Keys and values seen so far by one attention layer: (B, H, S, Dh) each."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
+        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+
+    def reorder(self, indices: torch.Tensor) -> KVCache:
+        return KVCache(self.k.index_select(0, indices), self.v.index_select(0, indices))
+
+
+def scaled_dot_product(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The naive reference: softmax(QK^T / sqrt(d)) V with a True-may-attend mask. Returns (out, weights)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights @ v, weights  # (B, H, T, Dh), (B, H, T, S)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with one packed (3D, D) input projection.
+
+    Self-attention projects Q, K, V in a single matmul; cross-attention uses the Q rows for the
+    queries and the K/V rows for the memory, so both share one parameter layout.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        if bias:
+            nn.init.zeros_(self.in_proj.bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, T, D) -> (B, H, T, Dh)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(b, t, self.d_model)  # (B, H, T, Dh) -> (B, T, D)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, D) x 3
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.d_model
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[:d]
+        return self.split_heads(F.linear(x, self.in_proj.weight[:d], bias))
+
+    def project_kv(self, memory: torch.Tensor) -> KVCache:
+        """Keys and values of an encoder memory, computed once per source (cross-attention)."""
+        d = self.d_model
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[d:]
+        k, v = F.linear(memory, self.in_proj.weight[d:], bias).chunk(2, dim=-1)
+        return KVCache(self.split_heads(k), self.split_heads(v))
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Attention logits (B, H, T, S). Variants override this hook (relative positions)."""
+        return q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        causal: bool,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, H, T, Dh) queries over (B, H, S, Dh) keys -> ((B, T, D), weights (B, H, T, S) or None)."""
+        dropout = self.dropout if self.training else 0.0
+        if need_weights or type(self).scores is not MultiHeadAttention.scores:
+            scores = self.scores(q, k)
+            if causal:
+                scores = scores.masked_fill(~causal_mask(q.size(2), k.size(2), q.device), float("-inf"))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            # Half-precision scores are normalised in float32; float32/float64 stay as they are.
+            weights = (scores.float() if scores.element_size() < 4 else scores).softmax(dim=-1).to(q.dtype)
+            out = F.dropout(weights, dropout, self.training) @ v
+            return self.merge_heads(out), weights
+        if causal and (mask is not None or q.size(2) != k.size(2)):
+            # SDPA's is_causal aligns top-left; with a prefix of keys or a padding mask, spell it out.
+            keep = causal_mask(q.size(2), k.size(2), q.device)
+            mask, causal = (keep if mask is None else mask & keep), False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        return self.merge_heads(out), None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | KVCache | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | None]:
+        """Attend from x (B, T, D).
+
+        memory=None: self-attention; with `cache`, the new keys/values are appended to it (incremental
+        decoding) and the grown cache is returned. memory=(B, S, D) tensor or a precomputed KVCache:
+        cross-attention. Returns (output (B, T, D), weights or None, cache or None).
+        """
+        if memory is None:
+            q, k, v = self.project_qkv(x)
+            if cache is not None:
+                cache = cache.append(k, v)
+                k, v = cache.k, cache.v
+        else:
+            q = self.project_q(x)
+            kv = memory if isinstance(memory, KVCache) else self.project_kv(memory)
+            k, v = kv.k, kv.v
+        out, weights = self.attend(q, k, v, mask=mask, causal=causal, need_weights=need_weights)
+        return self.out_proj(out), weights, cache
+

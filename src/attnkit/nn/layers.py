@@ -1,0 +1,110 @@
+"""Transformer blocks: position-wise FFN and encoder/decoder layers with residual + LayerNorm.
+
+B batch, S source length, T target length, D model dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnkit.nn.attention import KVCache, MultiHeadAttention
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W2 act(W1 x + b1) + b2 (section 3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.act = F.relu if activation == "relu" else F.gelu
+        self.dropout = nn.Dropout(dropout)
+        for lin in (self.w1, self.w2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.dropout(self.act(self.w1(x))))  # (B, T, D) -> (B, T, F) -> (B, T, D)
+
+
+class Residual(nn.Module):
+    """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN)."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
+                 activation_dropout: float, activation: str, norm_first: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout)
+        self.attn_block = Residual(d_model, dropout, norm_first)
+        self.ffn_block = Residual(d_model, dropout, norm_first)
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D), weights (B, H, S, S) or None."""
+        weights = None
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal weights
+            out, weights, _ = self.self_attn(h, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self.attn_block(x, attend)
+        return self.ffn_block(x, self.ffn), weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
+                 activation_dropout: float, activation: str, norm_first: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout)
+        self.self_block = Residual(d_model, dropout, norm_first)
+        self.cross_block = Residual(d_model, dropout, norm_first)
+        self.ffn_block = Residual(d_model, dropout, norm_first)
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        memory: torch.Tensor | KVCache,
+        *,
+        memory_mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None], KVCache | None]:
+        """y (B, T, D) over memory (B, S, D) -> (B, T, D), {"self", "cross"} weights, grown cache.
+
+        Without a cache the self-attention is causal over T; with one, y holds only the new
+        position(s) and attends to everything cached before them.
+        """
+        weights: dict[str, torch.Tensor | None] = {}
+
+        def self_attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal cache
+            out, weights["self"], cache = self.self_attn(
+                h, causal=cache is None or h.size(1) > 1, cache=cache, need_weights=need_weights)
+            return out
+
+        def cross_attend(h: torch.Tensor) -> torch.Tensor:
+            out, weights["cross"], _ = self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
+            return out
+
+        y = self.self_block(y, self_attend)
+        y = self.cross_block(y, cross_attend)
+        return self.ffn_block(y, self.ffn), weights, cache

@@ -1,0 +1,34 @@
+"""Sinusoidal positional encoding (Vaswani et al. 2017, section 3.5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoid_table(n_positions: int, d_model: int) -> torch.Tensor:
+    """(P, D): PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(p / 10000^(2i/D))."""
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (P, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    angles = pos * inv_freq  # (P, D/2)
+    table = torch.zeros(n_positions, d_model)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+class SinusoidalPositions(nn.Module):
+    """Adds PE[offset : offset + T] to (B, T, D) inputs; grows its table when a longer input comes."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        end = offset + x.size(1)
+        if end > self.table.size(0):
+            self.table = sinusoid_table(max(end, 2 * self.table.size(0)), self.d_model).to(self.table.device)
+        return x + self.table[offset:end].to(x.dtype)  # (B, T, D) + (T, D)

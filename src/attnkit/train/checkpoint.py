@@ -1,0 +1,113 @@
+"""Checkpoints: one safetensors file, no pickle.
+
+Tensors: `model.*` weights, `optim.<param index>.<name>` optimizer state, `tokenizer.src|tgt` (the
+sentencepiece models as bytes, so a checkpoint translates on its own) and `rng.torch`. Metadata (JSON
+strings): format version, model kind, the run config, the training position, optimizer hyper-parameters.
+Written to a temp file and renamed, so a kill leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from attnkit import config as cfgmod
+from attnkit.errors import CheckpointError
+from attnkit.io import atomic_write_bytes
+
+FORMAT = "attnkit-checkpoint"
+VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    kind: str
+    config: cfgmod.RunConfig
+    model_state: dict[str, torch.Tensor]
+    tokenizers: dict[str, bytes]
+    train_state: dict[str, Any] = field(default_factory=dict)
+    optimizer_state: dict[str, Any] | None = None
+    rng_state: torch.Tensor | None = None
+
+
+def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> None:
+    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in ckpt.model_state.items()}
+    for name, blob in ckpt.tokenizers.items():
+        tensors[f"tokenizer.{name}"] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    meta = {
+        "format": FORMAT,
+        "version": str(VERSION),
+        "kind": ckpt.kind,
+        "config": json.dumps(cfgmod.to_dict(ckpt.config)),
+        "train_state": json.dumps(ckpt.train_state),
+    }
+    if ckpt.optimizer_state is not None:
+        opt_tensors, opt_meta = _flatten_optimizer(ckpt.optimizer_state)
+        tensors.update(opt_tensors)
+        meta["optimizer"] = json.dumps(opt_meta)
+    if ckpt.rng_state is not None:
+        tensors["rng.torch"] = ckpt.rng_state
+    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no such checkpoint: {path}")
+    data = path.read_bytes()
+    try:
+        tensors = st_load(data)
+        meta = _read_metadata(data)
+    except (SafetensorError, ValueError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not a readable attnkit checkpoint (truncated or corrupt?): {e}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an attnkit checkpoint (format {meta.get('format')!r})")
+    if int(meta.get("version", "0")) > VERSION:
+        raise CheckpointError(f"{path} was written by a newer attnkit (checkpoint version {meta['version']})")
+    config = cfgmod.from_dict(cfgmod.RunConfig, json.loads(meta["config"]))
+    return Checkpoint(
+        kind=meta["kind"],
+        config=config,
+        model_state={k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
+        tokenizers={k[10:]: v.numpy().tobytes() for k, v in tensors.items() if k.startswith("tokenizer.")},
+        train_state=json.loads(meta.get("train_state", "{}")),
+        optimizer_state=_unflatten_optimizer(tensors, json.loads(meta["optimizer"])) if "optimizer" in meta else None,
+        rng_state=tensors.get("rng.torch"),
+    )
+
+
+def _read_metadata(data: bytes) -> dict[str, str]:
+    """The safetensors header: 8-byte little-endian length, then JSON with `__metadata__`."""
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n]).get("__metadata__", {})
+
+
+def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, scalars = {}, {}
+    for idx, entry in state["state"].items():
+        for name, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"optim.{idx}.{name}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{idx}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = value
+    for key, value in meta["scalars"].items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}

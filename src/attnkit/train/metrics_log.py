@@ -1,0 +1,64 @@
+"""Metrics to a CSV file (always) and TensorBoard (when installed), plus a plain-text run log."""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from typing import Any
+
+from attnkit.io import atomic_open
+
+FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "exact"]
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, *, resume_step: int | None = None, tensorboard: bool = True):
+        self.csv_path = run_dir / "metrics.csv"
+        self.text_path = run_dir / "train.log"
+        if resume_step is not None and self.csv_path.exists():
+            self._truncate_after(resume_step)  # rows a killed run wrote past its last checkpoint
+        elif self.csv_path.exists():
+            self.csv_path.unlink()
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is an optional extra
+                self.tb = None
+
+    def _truncate_after(self, step: int) -> None:
+        with self.csv_path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+        with atomic_open(self.csv_path, "w") as f:
+            writer = csv.DictWriter(f, FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def write(self, split: str, step: int, **values: Any) -> None:
+        new = not self.csv_path.exists()
+        with self.csv_path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow({"split": split, "step": step, **{k: _fmt(v) for k, v in values.items()}})
+        if self.tb is not None:
+            for key, value in values.items():
+                if isinstance(value, int | float) and key not in ("epoch", "elapsed_s"):
+                    self.tb.add_scalar(f"{split}/{key}", value, step)
+            self.tb.flush()
+
+    def say(self, message: str) -> None:
+        """A line for the human log (train.log), time-stamped."""
+        with self.text_path.open("a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _fmt(v: Any) -> Any:
+    return f"{v:.6g}" if isinstance(v, float) else v

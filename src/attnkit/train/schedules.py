@@ -1,0 +1,46 @@
+"""Learning-rate schedules as plain functions of the update number (1-based)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from attnkit.errors import ConfigError
+
+
+def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """Vaswani et al. (2017), eq. 3: d^-0.5 * min(step^-0.5, step * warmup^-1.5)."""
+    step = max(step, 1)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def inverse_sqrt(step: int, peak_lr: float, warmup: int) -> float:
+    """Linear warm-up to peak_lr, then peak_lr * sqrt(warmup / step) (fairseq's inverse_sqrt)."""
+    step = max(step, 1)
+    return peak_lr * min(step / warmup, math.sqrt(warmup / step))
+
+
+def cosine(step: int, peak_lr: float, warmup: int, total: int, min_ratio: float = 0.0) -> float:
+    """Linear warm-up, then half a cosine from peak_lr down to min_ratio * peak_lr at `total`."""
+    step = max(step, 1)
+    if step < warmup:
+        return peak_lr * step / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_schedule(name: str, *, lr: float | None, warmup: int, d_model: int, total: int = 0) -> Callable[[int], float]:
+    """The configured schedule. `lr` is the peak; noam with lr=None keeps the paper's own scale."""
+    warmup = max(warmup, 1)
+    if name == "noam":
+        peak = noam(warmup, d_model, warmup)
+        factor = 1.0 if lr is None else lr / peak
+        return lambda step: noam(step, d_model, warmup, factor)
+    peak_lr = 5e-4 if lr is None else lr
+    if name == "inverse_sqrt":
+        return lambda step: inverse_sqrt(step, peak_lr, warmup)
+    if name == "cosine":
+        if total <= 0:
+            raise ConfigError("the cosine schedule needs train.max_steps > 0 as its horizon")
+        return lambda step: cosine(step, peak_lr, warmup, total)
+    return lambda step: peak_lr

@@ -1,0 +1,257 @@
+"""The training loop for seq2seq models: batches -> loss -> Adam + schedule -> evaluate -> checkpoints.
+
+A run folder holds config.yaml (the resolved config), checkpoints/{last,best}.safetensors,
+metrics.csv, train.log and tensorboard/. `resume=True` continues exactly where `last` stopped:
+weights, optimizer, schedule position, RNG and the position inside the epoch's batch order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from attnkit import config as cfgmod
+from attnkit.data import TokenBatchSampler, iterate_batches, load_split, load_tokenizers, read_lines
+from attnkit.data.batching import Batch
+from attnkit.decode.translator import Translator
+from attnkit.errors import AttnkitError
+from attnkit.eval import score_corpus
+from attnkit.io import atomic_write_text, ensure_writable_dir
+from attnkit.models import build_model
+from attnkit.runtime import autocast, configure_backends, resolve_device, seed_everything
+from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from attnkit.train.losses import label_smoothed_nll
+from attnkit.train.metrics_log import MetricsLog
+from attnkit.train.schedules import make_schedule
+
+MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # epochs completed
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    elapsed_s: float = 0.0  # wall-clock spent training, across resumes
+    best: float | None = None  # best dev metric so far
+    skipped: int = 0  # updates skipped for a non-finite loss or gradient
+
+
+class Trainer:
+    def __init__(self, cfg: cfgmod.RunConfig, data_dir: str | Path, run_dir: str | Path, *,
+                 resume: bool = False, force: bool = False, progress: bool = True):
+        self.data_dir, self.run_dir = Path(data_dir), ensure_writable_dir(run_dir)
+        self.last_path = self.run_dir / "checkpoints" / "last.safetensors"
+        self.best_path = self.run_dir / "checkpoints" / "best.safetensors"
+        if self.last_path.exists() and not (resume or force):
+            raise AttnkitError(f"{self.run_dir} already holds a run; pass --resume to continue it "
+                               "or --force to start over")
+        self.progress = progress
+        self.src_tok, self.tgt_tok = load_tokenizers(self.data_dir)
+        self.cfg = self._fit_config_to_data(cfg)
+        t = self.cfg.train
+        self.device = resolve_device(t.device)
+        configure_backends(self.device)
+        seed_everything(t.seed)
+        self.model = build_model("transformer", self.cfg.model).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
+                                          weight_decay=t.weight_decay)
+        self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
+                                      total=t.max_steps)
+        self.train_split = load_split(self.data_dir, "train")
+        self.valid_split = load_split(self.data_dir, "valid") if (self.data_dir / "valid.safetensors").exists() else None
+        self.sampler = TokenBatchSampler(self.train_split.src_lens, self.train_split.tgt_lens, t.max_tokens,
+                                         shuffle=True, seed=t.seed)
+        self.state = TrainState()
+        if resume and self.last_path.exists():
+            self._restore(load_checkpoint(self.last_path))
+        atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfgmod.to_dict(self.cfg), sort_keys=False))
+        self.log = MetricsLog(self.run_dir, resume_step=self.state.step if resume else None)
+
+    def _fit_config_to_data(self, cfg: cfgmod.RunConfig) -> cfgmod.RunConfig:
+        joint = self.src_tok is self.tgt_tok
+        model = cfgmod.replace(cfg.model, src_vocab_size=self.src_tok.vocab_size,
+                               tgt_vocab_size=self.tgt_tok.vocab_size,
+                               share_embeddings=cfg.model.share_embeddings and joint)
+        return cfgmod.replace(cfg, model=model)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _tokenizer_blobs(self) -> dict[str, bytes]:
+        blobs = {"src": self.src_tok.to_bytes()}
+        if self.tgt_tok is not self.src_tok:
+            blobs["tgt"] = self.tgt_tok.to_bytes()
+        return blobs
+
+    def save(self, path: Path, *, full: bool = True) -> None:
+        save_checkpoint(path, Checkpoint(
+            kind=self.model.kind, config=self.cfg, model_state=self.model.state_dict(),
+            tokenizers=self._tokenizer_blobs(), train_state=asdict(self.state),
+            optimizer_state=self.optimizer.state_dict() if full else None,
+            rng_state=torch.get_rng_state() if full else None))
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        if ckpt.kind != self.model.kind:
+            raise AttnkitError(f"{self.last_path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
+        self.model.load_state_dict(ckpt.model_state)
+        if ckpt.optimizer_state is not None:
+            self.optimizer.load_state_dict(ckpt.optimizer_state)
+        if ckpt.rng_state is not None:
+            torch.set_rng_state(ckpt.rng_state)
+        self.state = TrainState(**ckpt.train_state)
+
+    # --- one update -------------------------------------------------------------------------
+    def train_step(self, batches: list[Batch]) -> dict[str, float]:
+        """One optimizer update over `batches` (gradient accumulation), loss normalised per target token."""
+        t = self.cfg.train
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_tokens = sum(b.n_tokens for b in batches)
+        total_loss = total_nll = 0.0
+        for batch in batches:
+            batch = batch.to(self.device)
+            with autocast(self.device, t.dtype):
+                logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
+            (loss / n_tokens).backward()
+            total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
+        grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
+                     if t.clip_norm or not math.isfinite(total_loss) else None)
+        lr = self.schedule(self.state.step + 1)
+        if not math.isfinite(total_loss) or (grad_norm is not None and not torch.isfinite(grad_norm)):
+            self._skip_update()
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.state.skipped = 0
+        self.state.step += 1
+        return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "lr": lr, "tokens": n_tokens}
+
+    def _skip_update(self) -> None:
+        self.state.skipped += 1
+        self.log.say(f"step {self.state.step + 1}: non-finite loss or gradient, update skipped "
+                     f"({self.state.skipped} in a row)")
+        if self.state.skipped >= MAX_BAD_STEPS:
+            raise AttnkitError(f"{MAX_BAD_STEPS} non-finite updates in a row: stopping; the last good "
+                               f"checkpoint is {self.last_path}")
+
+    # --- evaluation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Dev loss and perplexity under teacher forcing, and greedy BLEU against the raw references."""
+        if self.valid_split is None:
+            return {}
+        t = self.cfg.train
+        self.model.eval()
+        sampler = TokenBatchSampler(self.valid_split.src_lens, self.valid_split.tgt_lens, t.max_tokens,
+                                    shuffle=False)
+        loss = nll = tokens = 0.0
+        for batch in iterate_batches(self.valid_split, sampler.batches(0)):
+            batch = batch.to(self.device)
+            with autocast(self.device, t.dtype):
+                logits = self.model(batch.src, batch.tgt_in)
+            l, n = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
+            loss, nll, tokens = loss + l.item(), nll + n.item(), tokens + batch.n_tokens
+        metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 50))}
+        if t.eval_bleu and (self.data_dir / "valid.src.txt").exists():
+            metrics.update(self.dev_bleu())
+        return metrics
+
+    def dev_bleu(self) -> dict[str, float]:
+        t = self.cfg.train
+        src = read_lines(self.data_dir / "valid.src.txt")
+        ref = read_lines(self.data_dir / "valid.tgt.txt")
+        if t.eval_max_sentences:
+            src, ref = src[: t.eval_max_sentences], ref[: t.eval_max_sentences]
+        translator = Translator(self.model, self.src_tok, self.tgt_tok, device=self.device,
+                                max_len_a=t.max_len_a, max_len_b=t.max_len_b)
+        with autocast(self.device, t.dtype):
+            hyps = translator.translate_texts(src)
+        s = score_corpus(hyps, ref)
+        return {"bleu": s.bleu, "bleu_lc": s.bleu_lc, "exact": s.exact}
+
+    def _is_better(self, metrics: dict[str, float]) -> bool:
+        key = "bleu" if self.cfg.train.best_metric == "bleu" and "bleu" in metrics else "loss"
+        value = metrics[key] if key == "bleu" else -metrics[key]
+        if self.state.best is None or value > self.state.best:
+            self.state.best = value
+            return True
+        return False
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _out_of_budget(self, eval_reserve: float) -> bool:
+        t = self.cfg.train
+        if t.max_steps and self.state.step >= t.max_steps:
+            return True
+        return bool(t.max_minutes) and self.state.elapsed_s + eval_reserve >= t.max_minutes * 60
+
+    def fit(self) -> dict[str, float]:
+        """Train until max_epochs, max_steps or the wall-clock budget; returns the last dev metrics."""
+        t = self.cfg.train
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.log.say(f"{'resuming' if self.state.step else 'starting'} at step {self.state.step}, epoch "
+                     f"{self.state.epoch}; {n_params:,} parameters on {self.device}; budget "
+                     f"{t.max_minutes or 'none'} min")
+        clock = time.monotonic() - self.state.elapsed_s  # elapsed_s = monotonic() - clock
+        last_save, eval_reserve, metrics = time.monotonic(), 0.0, {}
+        stopped = False
+        while self.state.epoch < t.max_epochs and not stopped:
+            batches = self.sampler.batches(self.state.epoch)
+            todo = batches[self.state.batch_in_epoch :]
+            bar = tqdm(total=math.ceil(len(todo) / t.accumulate), desc=f"epoch {self.state.epoch + 1}",
+                       disable=None if self.progress else True, dynamic_ncols=True, leave=False)
+            window_tokens, window_start = 0, time.monotonic()
+            it = iterate_batches(self.train_split, todo)
+            while True:
+                group = [b for _, b in zip(range(t.accumulate), it)]
+                if not group:
+                    break
+                stats = self.train_step(group)
+                self.state.batch_in_epoch += len(group)
+                self.state.elapsed_s = time.monotonic() - clock
+                window_tokens += stats["tokens"]
+                if self.state.step % t.log_every == 0 or bar.n == 0:
+                    tok_s = window_tokens / max(1e-9, time.monotonic() - window_start)
+                    self.log.write("train", self.state.step, epoch=self.state.epoch, elapsed_s=self.state.elapsed_s,
+                                   loss=stats["loss"], nll=stats["nll"], lr=stats["lr"], tok_s=tok_s)
+                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
+                    window_tokens, window_start = 0, time.monotonic()
+                bar.update(1)
+                if self._out_of_budget(eval_reserve):
+                    stopped = True
+                    break
+                if time.monotonic() - last_save > t.save_every_minutes * 60:
+                    self.save(self.last_path)
+                    last_save = time.monotonic()
+            bar.close()
+            if not stopped:
+                self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+            eval_start = time.monotonic()
+            metrics = self.evaluate()
+            eval_reserve = time.monotonic() - eval_start
+            self.state.elapsed_s = time.monotonic() - clock
+            self._end_of_epoch(metrics)
+            last_save = time.monotonic()
+        self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min of training")
+        self.log.close()
+        return metrics
+
+    def _end_of_epoch(self, metrics: dict[str, float]) -> None:
+        if metrics:
+            self.log.write("valid", self.state.step, epoch=self.state.epoch, elapsed_s=self.state.elapsed_s,
+                           **metrics)
+            self.log.say(f"epoch {self.state.epoch} step {self.state.step} "
+                         f"({self.state.elapsed_s / 60:.1f} min): "
+                         + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+            if self.progress:
+                tqdm.write(f"epoch {self.state.epoch} | step {self.state.step} | "
+                           + " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+            if self._is_better(metrics):
+                self.save(self.best_path, full=False)
+        self.save(self.last_path)

@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny configs (d_model 16) and a tiny prepared corpus, so the suite runs in minutes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.config import RunConfig, TrainConfig, TransformerConfig
+from attnkit.data import prepare, write_number_corpus
+
+torch.set_num_threads(2)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def tiny_model_config(**kw) -> TransformerConfig:
+    base = dict(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
+                n_decoder_layers=2, dropout=0.0)
+    return TransformerConfig(**{**base, **kw})
+
+
+def tiny_run_config(**train) -> RunConfig:
+    base = dict(max_tokens=256, lr=3e-3, schedule="inverse_sqrt", warmup=10, eval_bleu=False, max_epochs=2,
+                log_every=5, device="cpu")
+    return RunConfig(model=tiny_model_config(dropout=0.1), train=TrainConfig(**{**base, **train}))
+
+
+@pytest.fixture(scope="session")
+def corpus_files(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """German/English number words: 300 train, 30 dev, 30 test pairs."""
+    return write_number_corpus(tmp_path_factory.mktemp("corpus"), n_train=300, n_valid=30, n_test=30)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, corpus_files) -> Path:
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    prepare(out, corpus_files["train"], corpus_files["valid"], corpus_files["test"], vocab_size=120)
+    return out

@@ -1,0 +1,149 @@
+"""The command line end to end on a tiny corpus, and its one-line errors for bad input."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA
+
+from attnkit.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus_files):
+    """prepare -> train through the CLI; returns (data dir, run dir)."""
+    root = tmp_path_factory.mktemp("cli")
+    prefix = Path(corpus_files["train"][0]).with_suffix("")
+    assert main(["prepare", "--src", "de", "--tgt", "en", "--train", prefix, "--valid", prefix.parent / "valid",
+                 "--test", prefix.parent / "test", "--vocab-size", "100", "--out", root / "data"]) == 0
+    assert main(["train", "--data", root / "data", "--out", root / "run", "--quiet", "--train.max_steps=6",
+                 "--model.d_model", "16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=300",
+                 "--train.device=cpu"]) == 0
+    return root / "data", root / "run"
+
+
+def test_prepare_train_translate_evaluate(capsys, tmp_path, trained, corpus_files):
+    data, run_dir = trained
+    assert (run_dir / "checkpoints" / "best.safetensors").exists()
+    assert "d_model: 16" in (run_dir / "config.yaml").read_text()
+    hyp = tmp_path / "hyp.en"
+    code, _, err = run(capsys, "translate", "--checkpoint", run_dir / "checkpoints" / "best.safetensors",
+                       "--input", corpus_files["test"][0], "--output", hyp, "--device", "cpu")
+    assert code == 0, err
+    assert len(hyp.read_text().splitlines()) == 30
+    code, out, _ = run(capsys, "evaluate", "--hyp", hyp, "--ref", corpus_files["test"][1])
+    assert code == 0 and "BLEU" in out and "nrefs:1|case:mixed|eff:no|tok:13a" in out and "case:lc" in out
+    # an existing output is never overwritten without --force
+    code, _, err = run(capsys, "translate", "--checkpoint", run_dir / "checkpoints" / "last.safetensors",
+                       "--input", corpus_files["test"][0], "--output", hyp)
+    assert code == 2 and "--force" in err
+
+
+def test_translate_reads_stdin(capsys, monkeypatch, trained):
+    import io
+
+    _, run_dir = trained
+    monkeypatch.setattr("sys.stdin", io.StringIO("einundzwanzig\ndreihundert\n"))
+    code, out, _ = run(capsys, "translate", "--checkpoint", run_dir / "checkpoints" / "last.safetensors",
+                       "--device", "cpu")
+    assert code == 0 and len(out.splitlines()) == 2
+
+
+def one_line_error(capsys, *argv) -> str:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnkit: error: "), err
+    return lines[0]
+
+
+def test_bad_corpus_files_give_one_line_errors(capsys, tmp_path):
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
+    (tmp_path / "a.en").write_text("one\ntwo\n")
+    assert "a.de" in (msg := one_line_error(capsys, "prepare", "--src", "de", "--tgt", "en", "--train",
+                                             tmp_path / "a", "--out", tmp_path / "o1")) and "a.en" in msg
+    (tmp_path / "b.de").write_bytes(b"eins\nzwei\ndr\xffei\n")
+    (tmp_path / "b.en").write_text("one\ntwo\nthree\n")
+    assert "b.de:3" in one_line_error(capsys, "prepare", "--src", "de", "--tgt", "en", "--train", tmp_path / "b",
+                                      "--out", tmp_path / "o2")
+    (tmp_path / "c.de").write_text("")
+    (tmp_path / "c.en").write_text("")
+    assert "empty" in one_line_error(capsys, "prepare", "--src", "de", "--tgt", "en", "--train", tmp_path / "c",
+                                     "--out", tmp_path / "o3")
+    assert "no such file" in one_line_error(capsys, "prepare", "--src", "de", "--tgt", "en", "--train",
+                                            tmp_path / "missing", "--out", tmp_path / "o4")
+    assert "no such file" in one_line_error(capsys, "evaluate", "--hyp", tmp_path / "nope", "--ref", tmp_path / "a.en")
+    (tmp_path / "three.txt").write_text("x\ny\nz\n")
+    assert "line-aligned" in one_line_error(capsys, "evaluate", "--hyp", tmp_path / "three.txt",
+                                            "--ref", tmp_path / "a.en")
+
+
+def test_prepare_never_overwrites_without_force(capsys, tmp_path, corpus_files):
+    prefix = Path(corpus_files["train"][0]).with_suffix("")
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    msg = one_line_error(capsys, "prepare", "--src", "de", "--tgt", "en", "--train", prefix, "--vocab-size", "100",
+                         "--out", out)
+    assert "--force" in msg and (out / "precious.txt").read_text() == "keep me"
+
+
+def test_bad_options_and_configs_give_one_line_errors(capsys, tmp_path, trained):
+    data, _ = trained
+    assert "unknown config key 'model.d_modle'" in one_line_error(
+        capsys, "train", "--data", data, "--out", tmp_path / "r", "--model.d_modle=8")
+    assert "model.d_model" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r",
+                                             "--model.d_model=abc")
+    assert "unknown preset" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r",
+                                              "--config", "transformer-huge")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_model: [1, 2\n")
+    assert "bad.yaml:" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r", "--config", bad)
+    assert "not divisible" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r",
+                                             "--model.d_model=10", "--model.n_heads=4")
+    truncated = tmp_path / "t.safetensors"
+    truncated.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    assert "t.safetensors" in one_line_error(capsys, "translate", "--checkpoint", truncated)
+
+
+def test_all_presets_resolve():
+    from attnkit.config import PRESET_DIR, resolve
+
+    names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    assert {"transformer-base", "transformer-big", "transformer-small", "multi30k", "demo"} <= set(names)
+    configs = {n: resolve([n]) for n in names}
+    base, big = configs["transformer-base"].model, configs["transformer-big"].model
+    assert (base.d_model, base.n_heads, base.d_ff, base.n_encoder_layers, base.dropout) == (512, 8, 2048, 6, 0.1)
+    assert (big.d_model, big.n_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.3)
+
+
+def test_demo_runs_end_to_end_on_a_small_budget(capsys, tmp_path):
+    code, out, err = run(capsys, "demo", "--out", tmp_path / "demo", "--n-train", "300", "--n-eval", "20", "--quiet",
+                         "--train.max_steps=4", "--train.device=cpu")
+    assert code == 0, err
+    assert "exact match" in out and "BLEU" in out
+    png = tmp_path / "demo" / "attention.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "multi30k").exists(), reason="../shared/data/multi30k is absent")
+def test_multi30k_prepares_and_trains_a_step(capsys, tmp_path):
+    d = SHARED_DATA / "multi30k"
+    assert main(["prepare", "--src", "de", "--tgt", "en", "--train", d / "train", "--valid", d / "val",
+                 "--test", d / "test_2016_flickr", "--vocab-size", "2000", "--out", tmp_path / "data"]) == 0
+    out = capsys.readouterr().out
+    assert "train: 29000 kept" in out
+    with gzip.open(d / "val.en.gz", "rt", encoding="utf-8") as f:
+        refs = f.read().splitlines()
+    assert (tmp_path / "data" / "valid.tgt.txt").read_text(encoding="utf-8").splitlines() == refs
+    assert main(["train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--quiet", "--train.max_steps=2",
+                 "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=512",
+                 "--train.eval_max_sentences=16", "--train.device=cpu"]) == 0

@@ -1,0 +1,115 @@
+"""Losses, schedules, checkpoints and exact resumption."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_model_config, tiny_run_config
+
+from attnkit.models import Transformer
+from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from attnkit.train.losses import label_smoothed_nll, smoothed_targets
+from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
+from attnkit.train.trainer import Trainer
+
+
+def test_label_smoothing_targets_for_three_classes():
+    dist = smoothed_targets(torch.tensor([0, 2]), vocab_size=3, epsilon=0.1)
+    torch.testing.assert_close(dist[0], torch.tensor([0.9 + 0.1 / 3, 0.1 / 3, 0.1 / 3]))
+    assert dist[0, 0].item() == pytest.approx(0.9333, abs=1e-4)
+    assert dist[1, 0].item() == pytest.approx(0.0333, abs=1e-4)
+
+
+def test_label_smoothed_loss_is_cross_entropy_against_smoothed_targets_ignoring_padding():
+    torch.manual_seed(0)
+    logits, target = torch.randn(2, 4, 7), torch.tensor([[3, 5, 6, 0], [4, 0, 0, 0]])
+    loss, nll = label_smoothed_nll(logits, target, epsilon=0.1, ignore_index=0)
+    logp = logits.log_softmax(-1).view(-1, 7)
+    keep = target.view(-1) != 0
+    dist = smoothed_targets(target.view(-1), 7, 0.1)
+    assert loss.item() == pytest.approx(-(dist * logp).sum(-1)[keep].sum().item(), rel=1e-5)
+    assert nll.item() == pytest.approx(-logp[keep, target.view(-1)[keep]].sum().item(), rel=1e-5)
+
+
+def test_noam_schedule_matches_its_formula():
+    d, warmup = 512, 4000
+    for step in (1, 10, 1000, 3999, 4000, 4001, 20000, 100000):
+        assert noam(step, d, warmup) == pytest.approx(d**-0.5 * min(step**-0.5, step * warmup**-1.5))
+    sched = make_schedule("noam", lr=None, warmup=warmup, d_model=d)
+    peak = max(range(1, 10000, 7), key=sched)
+    assert abs(peak - warmup) <= 7
+    assert sched(warmup) == pytest.approx(d**-0.5 * warmup**-0.5)
+    scaled = make_schedule("noam", lr=1e-3, warmup=warmup, d_model=d)
+    assert scaled(warmup) == pytest.approx(1e-3) and scaled(16000) == pytest.approx(5e-4)
+
+
+def test_other_schedules():
+    assert inverse_sqrt(50, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt(400, 1e-3, 100) == pytest.approx(5e-4)
+    assert cosine(100, 1.0, 100, 1100) == pytest.approx(1.0)
+    assert cosine(600, 1.0, 100, 1100) == pytest.approx(0.5)
+    assert cosine(1100, 1.0, 100, 1100) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_checkpoint_round_trip_without_pickle(tmp_path):
+    cfg = tiny_run_config()
+    model = Transformer(tiny_model_config())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randint(4, 40, (2, 3)), torch.randint(4, 40, (2, 3))).sum().backward()
+    opt.step()
+    path, rng = tmp_path / "c.safetensors", torch.get_rng_state()
+    save_checkpoint(path, Checkpoint("transformer", cfg, model.state_dict(), {"src": b"\x00spm"},
+                                     {"step": 3}, opt.state_dict(), rng))
+    ck = load_checkpoint(path)
+    assert ck.kind == "transformer" and ck.train_state == {"step": 3} and ck.tokenizers == {"src": b"\x00spm"}
+    assert ck.config == cfg
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(ck.model_state[k], v)
+    opt2 = torch.optim.Adam(Transformer(tiny_model_config()).parameters(), lr=1e-3)
+    opt2.load_state_dict(ck.optimizer_state)
+    restored = opt2.state_dict()["state"]
+    for idx, entry in opt.state_dict()["state"].items():
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(restored[idx][name], entry[name])
+    assert torch.equal(ck.rng_state, rng)
+
+
+def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_resume_gives_the_same_parameters_as_training_straight(tmp_path, data_dir):
+    straight = Trainer(tiny_run_config(max_steps=14), data_dir, tmp_path / "a", progress=False)
+    straight.fit()
+    n_batches = len(straight.sampler.batches(0))
+    assert 0 < 7 % n_batches, "the stop must fall inside an epoch to test the data position"
+
+    first = Trainer(tiny_run_config(max_steps=7), data_dir, tmp_path / "b", progress=False)
+    first.fit()
+    assert first.state.step == 7
+    resumed = Trainer(tiny_run_config(max_steps=14), data_dir, tmp_path / "b", resume=True, progress=False)
+    assert resumed.state.step == 7
+    resumed.fit()
+    assert resumed.state.step == 14
+    a, b = _params(straight), _params(resumed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0)
+
+
+def test_training_reduces_loss_and_writes_the_run_folder(tmp_path, data_dir):
+    trainer = Trainer(tiny_run_config(max_epochs=3, eval_bleu=True), data_dir, tmp_path / "run", progress=False)
+    first = trainer.evaluate()["loss"]
+    metrics = trainer.fit()
+    assert metrics["loss"] < first and math.isfinite(metrics["ppl"]) and "bleu" in metrics
+    for name in ("config.yaml", "metrics.csv", "train.log", "checkpoints/last.safetensors",
+                 "checkpoints/best.safetensors"):
+        assert (tmp_path / "run" / name).exists(), name
+
+
+def test_a_folder_with_a_run_needs_resume_or_force(tmp_path, data_dir):
+    Trainer(tiny_run_config(max_steps=2), data_dir, tmp_path / "r", progress=False).fit()
+    with pytest.raises(Exception, match="--resume"):
+        Trainer(tiny_run_config(max_steps=2), data_dir, tmp_path / "r", progress=False)
+    Trainer(tiny_run_config(max_steps=2), data_dir, tmp_path / "r", force=True, progress=False)
