@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.config import TransformerConfig
-from attnkit.nn import DecoderLayer, EncoderLayer, KVCache, SinusoidalPositions, key_padding_to_attn_mask
+from attnkit.nn import DecoderLayer, Dropout, EncoderLayer, KVCache, SinusoidalPositions, key_padding_to_attn_mask
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Transformer(nn.Module):
         # A shared table is registered once, so the state dict (and the checkpoint) holds it once.
         self.own_tgt_embed = None if c.share_embeddings else self._embedding(c.tgt_vocab_size)
         self.positions = SinusoidalPositions(c.d_model, c.max_positions)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         block = dict(dropout=c.dropout, attention_dropout=c.attention_dropout,
                      activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first)
         self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, **block)

@@ -1,18 +1,21 @@
 """Layers shared by every attention model: attention, positions, masks, feed-forward, blocks."""
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product
+from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
 
 __all__ = [
     "DecoderLayer",
+    "Dropout",
     "EncoderLayer",
     "FeedForward",
     "KVCache",
     "MultiHeadAttention",
     "SinusoidalPositions",
     "causal_mask",
+    "dropout",
     "key_padding_to_attn_mask",
     "scaled_dot_product",
     "sinusoid_table",

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnkit.nn.dropout import Dropout
+
 from attnkit.nn.attention import KVCache, MultiHeadAttention
 
 
@@ -21,7 +23,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.act = F.relu if activation == "relu" else F.gelu
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         for lin in (self.w1, self.w2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -36,7 +38,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -6,7 +6,6 @@ N tokens, V vocabulary.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def smoothed_targets(target: torch.Tensor, vocab_size: int, epsilon: float) -> torch.Tensor:
@@ -21,12 +20,14 @@ def label_smoothed_nll(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed smoothed loss and summed plain NLL over non-ignored tokens.
 
-    logits (..., V), target (...). The smoothed loss is the cross-entropy against `smoothed_targets`;
-    the caller divides by the token count (normalised per target token, across accumulated batches).
+    logits (..., V), target (...). The smoothed loss is the cross-entropy against `smoothed_targets`,
+    (1 - eps) * nll + eps * mean_v(-log p_v), from one log-softmax (the vocabulary-sized pass is the
+    costly one); the caller divides by the token count (per target token, across accumulated batches).
     """
-    logits = logits.reshape(-1, logits.size(-1)).float()
+    logp = logits.reshape(-1, logits.size(-1)).float().log_softmax(dim=-1)  # (N, V)
     target = target.reshape(-1)
-    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=epsilon, reduction="sum")
-    with torch.no_grad():
-        nll = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
-    return loss, nll
+    keep = target.ne(ignore_index)
+    nll = -logp.gather(1, target[:, None]).squeeze(1)  # (N,)
+    uniform = -logp.mean(dim=-1)  # (N,)
+    loss = ((1.0 - epsilon) * nll + epsilon * uniform).masked_fill(~keep, 0.0).sum()
+    return loss, nll.detach().masked_fill(~keep, 0.0).sum()

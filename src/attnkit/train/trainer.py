@@ -60,7 +60,8 @@ class Trainer:
         configure_backends(self.device)
         seed_everything(t.seed)
         self.model = build_model("transformer", self.cfg.model).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
+        # AdamW: with weight_decay 0 it is exactly Adam; with decay it is decoupled (as fairseq's Adam).
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay)
         self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
                                       total=t.max_steps)
