@@ -11,7 +11,7 @@ demo: install
 	$(PY) -m attnkit demo --force
 
 lint:
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests $(wildcard benchmarks)
 
 test: install lint
 	$(PY) -m pytest

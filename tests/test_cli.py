@@ -6,9 +6,10 @@ import gzip
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA
+import torch
 
 from attnkit.cli import main
+from conftest import SHARED_DATA
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -147,3 +148,55 @@ def test_multi30k_prepares_and_trains_a_step(capsys, tmp_path):
     assert main(["train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--quiet", "--train.max_steps=2",
                  "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=512",
                  "--train.eval_max_sentences=16", "--train.device=cpu"]) == 0
+
+
+def test_translate_beam_nbest_tsv_alignment_and_score(capsys, tmp_path, trained, corpus_files):
+    _, run_dir = trained
+    ckpt = run_dir / "checkpoints" / "last.safetensors"
+    src = tmp_path / "src.de"
+    src.write_text("einundzwanzig\ndreihundertzwölf\n")
+    code, out, err = run(capsys, "translate", "--checkpoint", ckpt, "--input", src, "--beam", "3", "--nbest", "2",
+                         "--format", "tsv", "--print-alignment", "--device", "cpu")
+    assert code == 0, err
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [(r[0], r[1]) for r in rows] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert float(rows[0][3]) >= float(rows[1][3]) and rows[0][4] != rows[1][4]  # sorted, distinct
+    for r in rows:  # one src-tgt pair per target piece
+        assert all("-" in pair for pair in r[5].split())
+    # forced decoding (exactness vs the search's own scores is tested at token level in test_decode.py;
+    # re-encoding detokenised text may pick other subwords than an untrained model produced)
+    hyp = tmp_path / "hyp.en"
+    hyp.write_text("twenty-one\nthree hundred and twelve\n")
+    code, out, _ = run(capsys, "score", "--checkpoint", ckpt, "--src", src, "--tgt", hyp, "--device", "cpu")
+    scores = [float(x) for x in out.split()]
+    assert code == 0 and len(scores) == 2 and all(s < 0 for s in scores)
+    assert "--beam" in one_line_error(capsys, "translate", "--checkpoint", ckpt, "--input", src, "--nbest", "3")
+
+
+def test_interactive_translation_answers_line_by_line(capsys, monkeypatch, trained):
+    import io
+
+    _, run_dir = trained
+    monkeypatch.setattr("sys.stdin", io.StringIO("eins\nzwei\ndrei\n"))
+    code, out, _ = run(capsys, "translate", "--checkpoint", run_dir / "checkpoints" / "last.safetensors",
+                       "--interactive", "--device", "cpu")
+    assert code == 0 and len(out.splitlines()) == 3
+
+
+def test_average_of_two_checkpoints_is_the_elementwise_mean(capsys, tmp_path, trained):
+    from attnkit.train.checkpoint import epoch_checkpoints, load_checkpoint
+
+    data, _ = trained
+    assert main(["train", "--data", data, "--out", tmp_path / "run", "--quiet", "--train.max_epochs=2",
+                 "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=300",
+                 "--train.device=cpu", "--train.eval_bleu=false"]) == 0
+    epochs = epoch_checkpoints(tmp_path / "run")
+    assert len(epochs) == 2
+    code, _, err = run(capsys, "average", "--run", tmp_path / "run", "--last", "2", "--out", tmp_path / "avg.st")
+    assert code == 0, err
+    a, b, avg = (load_checkpoint(p).model_state for p in (*epochs, tmp_path / "avg.st"))
+    for name in avg:
+        torch.testing.assert_close(avg[name], (a[name] + b[name]) / 2)
+    assert not torch.equal(a["src_embed.weight"], b["src_embed.weight"])
+    assert "no such checkpoint" in one_line_error(capsys, "average", epochs[0], tmp_path / "missing.st",
+                                                  "--out", tmp_path / "x.st")

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model_config, tiny_run_config
 
 from attnkit.models import Transformer
 from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from attnkit.train.losses import label_smoothed_nll, smoothed_targets
 from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
 from attnkit.train.trainer import Trainer
+from conftest import tiny_model_config, tiny_run_config
 
 
 def test_label_smoothing_targets_for_three_classes():
@@ -84,7 +84,7 @@ def test_resume_gives_the_same_parameters_as_training_straight(tmp_path, data_di
     straight = Trainer(tiny_run_config(max_steps=14), data_dir, tmp_path / "a", progress=False)
     straight.fit()
     n_batches = len(straight.sampler.batches(0))
-    assert 0 < 7 % n_batches, "the stop must fall inside an epoch to test the data position"
+    assert 7 % n_batches > 0, "the stop must fall inside an epoch to test the data position"
 
     first = Trainer(tiny_run_config(max_steps=7), data_dir, tmp_path / "b", progress=False)
     first.fit()
@@ -113,3 +113,14 @@ def test_a_folder_with_a_run_needs_resume_or_force(tmp_path, data_dir):
     with pytest.raises(Exception, match="--resume"):
         Trainer(tiny_run_config(max_steps=2), data_dir, tmp_path / "r", progress=False)
     Trainer(tiny_run_config(max_steps=2), data_dir, tmp_path / "r", force=True, progress=False)
+
+
+def test_the_model_section_kind_picks_the_config_class():
+    from attnkit import config as cfgmod
+    from attnkit.errors import ConfigError
+
+    cfg = cfgmod.resolve(["transformer-small"], ["model.kind=transformer"])
+    assert isinstance(cfg.model, cfgmod.TransformerConfig) and cfg.model.d_model == 256
+    assert cfgmod.from_dict(cfgmod.RunConfig, cfgmod.to_dict(cfg)) == cfg
+    with pytest.raises(ConfigError, match="model.kind: unknown model kind 'nope'"):
+        cfgmod.resolve(["transformer-small"], ["model.kind=nope"])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model_config
 
 from attnkit.data import BOS_ID, EOS_ID, PAD_ID
 from attnkit.decode import greedy_search
 from attnkit.models import Transformer
+from conftest import tiny_model_config
 
 
 def model(**kw) -> Transformer:
@@ -68,7 +68,7 @@ def test_cached_incremental_decoding_equals_full_recomputation(norm_first):
 def test_tied_embeddings_are_one_tensor():
     m = model()
     assert m.src_embed.weight is m.tgt_embed.weight
-    keys = [k for k in m.state_dict() if "embed" in k or "out_proj.weight" == k]
+    keys = [k for k in m.state_dict() if "embed" in k or k == "out_proj.weight"]
     assert keys == ["src_embed.weight"]
     h = torch.randn(2, 3, 16)
     torch.testing.assert_close(m.project(h), h @ m.src_embed.weight.T)
@@ -114,15 +114,15 @@ def test_greedy_with_cache_equals_recomputation_and_batching():
         batch[i, : s.size(1)] = s
     hyps = greedy_search(m, batch, max_len_a=0.0, max_len_b=8)
     for i, s in enumerate(srcs):
-        single = greedy_search(m, s, max_len_a=0.0, max_len_b=8)
-        assert hyps.tokens[i] == single.tokens[0] == _greedy_by_recomputation(m, s, 8)
-        torch.testing.assert_close(hyps.scores[i], single.scores[0], atol=1e-4, rtol=1e-4)
+        single = greedy_search(m, s, max_len_a=0.0, max_len_b=8)[0][0]
+        assert hyps[i][0].tokens == single.tokens == _greedy_by_recomputation(m, s, 8)
+        assert hyps[i][0].score == pytest.approx(single.score, abs=1e-4)
 
 
 def test_greedy_respects_length_limits():
     m = model()
     src = ids(2, 5)
     hyps = greedy_search(m, src, max_len_a=0.0, max_len_b=3)
-    assert all(len(t) <= 3 for t in hyps.tokens)
+    assert all(len(h[0].tokens) <= 3 for h in hyps)
     hyps = greedy_search(m, src, max_len_a=0.0, max_len_b=6, min_len=4)
-    assert all(len(t) >= 4 for t in hyps.tokens)
+    assert all(len(h[0].tokens) >= 4 for h in hyps)

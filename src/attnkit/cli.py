@@ -7,12 +7,16 @@ User mistakes print one line `attnkit: error: ...` and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 
 from attnkit.errors import AttnkitError
 
 SECTIONS = ("model.", "train.")
+# Model families and tools that bring their own verbs: each module has
+# `add_parsers(sub) -> {verb: function(args, overrides)}` and imports heavy modules lazily.
+VERB_MODULES: tuple[str, ...] = ()
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -39,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo")
+    d.set_defaults(takes_overrides=True)
     d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
     d.add_argument("--n-train", type=int, default=24000)
     d.add_argument("--n-eval", type=int, default=1000)
@@ -60,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = sub.add_parser("train", help="train a Transformer on a prepared corpus")
+    t.set_defaults(takes_overrides=True)
     t.add_argument("--data", required=True, help="folder written by `attnkit prepare`")
     t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
     t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
@@ -68,18 +74,70 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    tr = sub.add_parser("translate", help="translate text with a checkpoint (greedy, KV cache)")
+    tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling")
     tr.add_argument("--checkpoint", required=True)
     tr.add_argument("--input", default="-", help="file (plain or .gz) or - for stdin")
     tr.add_argument("--output", default="-", help="file or - for stdout")
-    tr.add_argument("--batch-size", type=int, default=64)
-    tr.add_argument("--device", default="auto")
     tr.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    tr.add_argument("--interactive", action="store_true", help="read a line, answer at once, until EOF")
+    tr.add_argument("--format", choices=["text", "tsv"], default="text",
+                    help="text: one translation per line; tsv: line, rank, score, normalised score, text")
+    tr.add_argument("--print-alignment", action="store_true",
+                    help="append source-target index pairs (arg-max cross-attention) to each line")
+    tr.add_argument("--alignment-layer", type=int, default=-1, help="decoder layer for alignments")
+    tr.add_argument("--prefix-file", help="force each output to start with this file's line")
+    add_decode_options(tr)
+    tr.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    tr.add_argument("--max-tokens", type=int, default=0, help="source tokens per batch (0 = no limit)")
+    tr.add_argument("--device", default="auto")
+
+    sc = sub.add_parser("score", help="forced decoding: log P(target | source) for each line pair")
+    sc.add_argument("--checkpoint", required=True)
+    sc.add_argument("--src", required=True, help="source file")
+    sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
+    sc.add_argument("--device", default="auto")
+
+    av = sub.add_parser("average", help="average the weights of several checkpoints into a new one")
+    av.add_argument("checkpoints", nargs="*", help="checkpoint files (or use --run and --last)")
+    av.add_argument("--run", help="run folder whose epoch checkpoints to average")
+    av.add_argument("--last", type=int, default=5, help="with --run: how many of the latest epochs")
+    av.add_argument("--out", required=True, help="the averaged checkpoint to write")
+    av.add_argument("--force", action="store_true", help="overwrite an existing output file")
 
     e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file")
     e.add_argument("--hyp", required=True)
     e.add_argument("--ref", required=True)
+    for name in VERB_MODULES:
+        COMMANDS.update(importlib.import_module(name).add_parsers(sub))
     return p
+
+
+def add_decode_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("search")
+    g.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
+    g.add_argument("--nbest", type=int, default=1, help="hypotheses to output per sentence")
+    g.add_argument("--lenpen", type=float, default=1.0, help="length penalty alpha for beam ranking")
+    g.add_argument("--len-style", choices=["length", "gnmt"], default="length",
+                   help="length: score / |Y|^alpha; gnmt: score / ((5+|Y|)/6)^alpha")
+    g.add_argument("--min-len", type=int, default=0)
+    g.add_argument("--max-len-a", type=float, help="output limit a*|src| + b (default: the checkpoint's)")
+    g.add_argument("--max-len-b", type=int)
+    g.add_argument("--no-repeat-ngram", type=int, default=0, help="block repeated n-grams of this size")
+    g.add_argument("--sampling", action="store_true", help="sample instead of searching")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def decode_options(args):
+    from attnkit.decode import DecodeOptions
+
+    return DecodeOptions(beam=args.beam, nbest=args.nbest, sampling=args.sampling, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, len_penalty=args.lenpen,
+                         len_style=args.len_style, min_len=args.min_len, max_len_a=args.max_len_a,
+                         max_len_b=args.max_len_b, no_repeat_ngram=args.no_repeat_ngram,
+                         attention_layer=args.alignment_layer if hasattr(args, "alignment_layer") else -1)
 
 
 def cmd_demo(args, overrides: list[str]) -> None:
@@ -125,13 +183,61 @@ def cmd_translate(args, overrides: list[str]) -> None:
 
     if args.output != "-":
         ensure_new_output(args.output, args.force, "output file")
+    opts = decode_options(args)
     translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    prefixes = read_lines(args.prefix_file) if args.prefix_file else None
+
+    def render(lines: list[str], first: int = 0, prefixes: list[str] | None = None) -> str:
+        results = translator.translate(lines, opts, prefixes=prefixes, batch_size=args.batch_size,
+                                       max_tokens=args.max_tokens, need_attention=args.print_alignment)
+        return "".join(format_translation(first + i, t, args) for i, t in enumerate(results))
+
+    if args.interactive:
+        for n, line in enumerate(sys.stdin):
+            sys.stdout.write(render([line.rstrip("\n")], n))
+            sys.stdout.flush()
+        return
     lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
-    text = "".join(t + "\n" for t in translator.translate_texts(lines, batch_size=args.batch_size))
+    if prefixes is not None and len(prefixes) != len(lines):
+        raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
+    text = render(lines, prefixes=prefixes)
     if args.output == "-":
         sys.stdout.write(text)
     else:
         atomic_write_text(args.output, text)
+
+
+def format_translation(index: int, t, args) -> str:
+    """One line per hypothesis: plain text, or TSV with scores; alignments as `src-tgt` pairs."""
+    out = []
+    for rank, h in enumerate([t] + t.nbest):
+        fields = [h.text] if args.format == "text" else [str(index), str(rank), f"{h.score:.4f}",
+                                                         f"{h.norm_score:.4f}", h.text]
+        if args.print_alignment:
+            fields.append(" ".join(f"{s}-{j}" for j, s in enumerate(h.alignment)))
+        out.append("\t".join(fields) + "\n")
+    return "".join(out)
+
+
+def cmd_score(args, overrides: list[str]) -> None:
+    from attnkit.data import read_parallel
+    from attnkit.decode import Translator
+
+    src, tgt = read_parallel(args.src, args.tgt)
+    for lp in Translator.from_checkpoint(args.checkpoint, device=args.device).score(src, tgt):
+        print(f"{lp:.4f}")
+
+
+def cmd_average(args, overrides: list[str]) -> None:
+    from attnkit.io import ensure_new_output
+    from attnkit.train.checkpoint import average_checkpoints, epoch_checkpoints
+
+    ensure_new_output(args.out, args.force, "output file")
+    paths = list(args.checkpoints) or (epoch_checkpoints(args.run)[-args.last :] if args.run else [])
+    if not paths:
+        raise AttnkitError("average: name checkpoint files, or --run DIR with epoch checkpoints")
+    average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints into {args.out}: " + ", ".join(str(p) for p in paths))
 
 
 def cmd_evaluate(args, overrides: list[str]) -> None:
@@ -144,7 +250,7 @@ def cmd_evaluate(args, overrides: list[str]) -> None:
 
 
 COMMANDS = {"demo": cmd_demo, "prepare": cmd_prepare, "train": cmd_train, "translate": cmd_translate,
-            "evaluate": cmd_evaluate}
+            "score": cmd_score, "average": cmd_average, "evaluate": cmd_evaluate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rest, overrides = split_overrides(argv)
         args = parser.parse_args(rest)
-        if overrides and args.verb not in ("train", "demo"):
-            raise AttnkitError(f"config overrides ({overrides[0]}) only apply to train and demo")
+        if overrides and not getattr(args, "takes_overrides", False):
+            raise AttnkitError(f"config overrides ({overrides[0]}) only apply to verbs that train")
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             COMMANDS[args.verb](args, overrides)

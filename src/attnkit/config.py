@@ -25,6 +25,7 @@ PRESET_DIR = Path(__file__).parent / "configs"
 class TransformerConfig:
     """The encoder-decoder Transformer of Vaswani et al. (2017). Defaults are transformer-base."""
 
+    kind: str = "transformer"  # the model family; see MODEL_CONFIGS
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000
     d_model: int = 512
@@ -78,6 +79,7 @@ class TrainConfig:
     max_len_a: float = 1.2  # decoding length limit a*|src| + b
     max_len_b: int = 10
     save_every_minutes: float = 10.0  # also save `last` mid-epoch so a kill loses little
+    keep_epochs: int = 5  # per-epoch weights kept for `attnkit average` (0 = none)
 
     def __post_init__(self) -> None:
         if self.schedule not in ("noam", "inverse_sqrt", "cosine", "constant"):
@@ -90,10 +92,28 @@ class TrainConfig:
             raise ConfigError("train.max_tokens and train.accumulate must be positive")
 
 
+# Model kind -> its config dataclass. Every model config has a `kind` field, so a YAML `model:`
+# section (or a checkpoint's config) says which family it configures; families register here.
+MODEL_CONFIGS: dict[str, type] = {"transformer": TransformerConfig}
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    model: TransformerConfig = field(default_factory=TransformerConfig)
+    """A seq2seq run: the model config of any registered kind (default the Transformer) + training."""
+
+    model: Any = field(default_factory=TransformerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# Model kind -> the run config class its checkpoints hold (families with another training setup,
+# e.g. language models, register their own); unlisted kinds use RunConfig.
+RUN_CONFIGS: dict[str, type] = {}
+
+
+def model_config_class(kind: Any, where: str = "model.kind") -> type:
+    if kind not in MODEL_CONFIGS:
+        raise ConfigError(f"{where}: unknown model kind {kind!r} (known: {', '.join(sorted(MODEL_CONFIGS))})")
+    return MODEL_CONFIGS[kind]
 
 
 def to_dict(cfg: Any) -> dict:
@@ -104,7 +124,11 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     """Build dataclass `cls` from a (nested) dict, rejecting unknown keys and ill-typed values."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = dict(typing.get_type_hints(cls))
+    if hints.get("model") is Any:  # a run config: the model section's `kind` picks its class
+        model = data.get("model", {})
+        kind = model.get("kind", "transformer") if isinstance(model, dict) else "transformer"
+        hints["model"] = model_config_class(kind, f"{where + '.' if where else ''}model.kind")
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():

@@ -1,6 +1,10 @@
-"""Decoding: greedy search over the models' encode/step interface, and the Translator API."""
+"""Decoding over the models' encode / step interface: greedy, beam search, sampling, forced scoring."""
 
-from attnkit.decode.greedy import Hypotheses, greedy_search
-from attnkit.decode.translator import Translation, Translator
+from attnkit.decode.beam import beam_search
+from attnkit.decode.greedy import greedy_search, sample
+from attnkit.decode.scoring import score_targets
+from attnkit.decode.search import Hypothesis
+from attnkit.decode.translator import DecodeOptions, Translation, Translator
 
-__all__ = ["Hypotheses", "Translation", "Translator", "greedy_search"]
+__all__ = ["DecodeOptions", "Hypothesis", "Translation", "Translator", "beam_search", "greedy_search", "sample",
+           "score_targets"]

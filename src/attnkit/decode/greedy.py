@@ -1,67 +1,86 @@
-"""Batched greedy decoding with the key/value cache.
+"""Left-to-right decoding with the key/value cache: greedy search and sampling.
 
 B batch, S source length, V vocabulary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnkit.decode.search import Hypothesis, StepRules, max_lengths
+
+Pick = Callable[[torch.Tensor], torch.Tensor]  # constrained log-probs (A, V) -> chosen tokens (A,)
 
 
-@dataclass
-class Hypotheses:
-    tokens: list[list[int]]  # without BOS, up to and excluding EOS
-    scores: torch.Tensor  # (B,) summed log-probabilities, EOS included when produced
-    attention: list[torch.Tensor] | None = None  # per sentence (len(tokens)+1, H, S) last-layer cross-attention
+def greedy_search(model, src: torch.Tensor, **kw) -> list[list[Hypothesis]]:
+    """The most probable token at every step; one hypothesis per sentence."""
+    return left_to_right(model, src, lambda logp: logp.argmax(-1), **kw)
 
 
-def max_lengths(src: torch.Tensor, a: float, b: int) -> torch.Tensor:
-    """Per-sentence decoding limit a * |src| + b, |src| without padding."""
-    return (src.ne(PAD_ID).sum(1).float() * a + b).long().clamp(min=1)
+def sample(model, src: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None, **kw) -> list[list[Hypothesis]]:
+    """Ancestral sampling from the (temperature-scaled, top-k / nucleus-filtered) distribution."""
+
+    def pick(logp: torch.Tensor) -> torch.Tensor:
+        probs = filter_logits(logp / max(temperature, 1e-6), top_k, top_p).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    return left_to_right(model, src, pick, **kw)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Keep the top-k tokens and the smallest set whose probability reaches top_p (Holtzman et al. 2020)."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
 
 
 @torch.no_grad()
-def greedy_search(model, src: torch.Tensor, *, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 0, need_attention: bool = False) -> Hypotheses:
-    """Pick the most probable token at every step until EOS or the length limit.
+def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.2, max_len_b: int = 10,
+                  min_len: int = 0, prefix: torch.Tensor | None = None, no_repeat_ngram: int = 0,
+                  need_attention: bool = False, attention_layer: int = -1) -> list[list[Hypothesis]]:
+    """Decode every sentence one token at a time until EOS or its length limit.
 
     Finished sentences leave the batch (their rows are dropped from the decoder state), so the cost
     follows the sentences still running.
     """
     b = src.size(0)
-    limits = max_lengths(src, max_len_a, max_len_b)  # (B,)
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram)
+    steps = int(rules.limits.max()) + 1
     state = model.init_state(model.encode(src))
-    active = torch.arange(b, device=src.device)  # original row of each state row
+    active = torch.arange(b, device=src.device)  # original sentence of each state row
     last = torch.full((b,), BOS_ID, dtype=torch.long, device=src.device)
-    out = torch.full((b, int(limits.max()) + 1), PAD_ID, dtype=torch.long, device=src.device)
+    out = torch.full((b, steps), PAD_ID, dtype=torch.long, device=src.device)
     scores = torch.zeros(b, device=src.device)
     attn: list[list[torch.Tensor]] = [[] for _ in range(b)]
-    for t in range(int(limits.max()) + 1):
+    for t in range(steps):
         logp, state, cross = model.step(last, state, need_weights=need_attention)  # (A, V)
-        if t < min_len:
-            logp[:, EOS_ID] = float("-inf")
-        at_limit = t >= limits[active]
-        best = torch.where(at_limit, EOS_ID, logp.argmax(-1))  # (A,)
+        logp = rules.apply(logp, t, out[active, :t])
+        best = pick(logp)  # (A,)
         scores[active] += logp.gather(1, best[:, None]).squeeze(1)
         out[active, t] = best
         if need_attention:
-            for row, w in zip(active.tolist(), cross.float().cpu()):
+            for row, w in zip(active.tolist(), cross[attention_layer].float().cpu()):
                 attn[row].append(w)
         running = best.ne(EOS_ID)
         if not running.any():
             break
         if not running.all():
             keep = running.nonzero().squeeze(1)
-            state, active, best = state.reorder(keep), active[keep], best[keep]
+            state, rules, active, best = state.reorder(keep), rules.reorder(keep), active[keep], best[keep]
         last = best
-    tokens = [_until_eos(row) for row in out.tolist()]
-    attention = [torch.stack(a) for a in attn] if need_attention else None
-    return Hypotheses(tokens, scores, attention)
-
-
-def _until_eos(ids: list[int]) -> list[int]:
-    return ids[: ids.index(EOS_ID)] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
+    hyps = []
+    for row, ids in enumerate(out.tolist()):
+        tokens = ids[: ids.index(EOS_ID)] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
+        score = float(scores[row])
+        hyps.append([Hypothesis(tokens, score, score, torch.stack(attn[row]) if need_attention else None)])
+    return hyps

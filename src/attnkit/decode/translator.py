@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +11,44 @@ import torch
 
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
-from attnkit.decode.greedy import greedy_search
+from attnkit.decode.beam import beam_search
+from attnkit.decode.greedy import greedy_search, sample
+from attnkit.decode.scoring import score_targets
+from attnkit.decode.search import Hypothesis
+from attnkit.errors import ConfigError
 from attnkit.models import build_model
 from attnkit.runtime import resolve_device
 from attnkit.train.checkpoint import load_checkpoint
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to search. beam 1 = greedy; sampling=True draws instead (temperature, top-k, top-p, seed)."""
+
+    beam: int = 1
+    nbest: int = 1
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    len_penalty: float = 1.0  # alpha; beam search ranks by score / penalty(length)
+    len_style: str = "length"  # length: |Y|^alpha | gnmt: ((5 + |Y|) / 6)^alpha
+    min_len: int = 0
+    max_len_a: float | None = None  # None: the checkpoint's training setting
+    max_len_b: int | None = None
+    no_repeat_ngram: int = 0
+    attention_layer: int = -1
+
+    def __post_init__(self) -> None:
+        if self.beam < 1 or self.nbest < 1:
+            raise ConfigError("--beam and --nbest must be at least 1")
+        if self.nbest > self.beam and not self.sampling:
+            raise ConfigError(f"--nbest {self.nbest} needs --beam of at least {self.nbest}")
+        if self.len_style not in ("length", "gnmt"):
+            raise ConfigError(f"--len-style must be length or gnmt, not {self.len_style!r}")
+        if not 0.0 < self.top_p <= 1.0 or self.temperature <= 0 or self.top_k < 0:
+            raise ConfigError("sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1")
 
 
 @dataclass
@@ -24,11 +58,20 @@ class Translation:
     score: float  # summed log-probability of the output (EOS included)
     src_pieces: list[str]
     tgt_pieces: list[str]
-    attention: torch.Tensor | None = None  # (len(tgt_pieces)+1, H, S) last decoder layer cross-attention
+    attention: torch.Tensor | None = None  # (len(tgt_pieces)+1, H, S): cross-attention of the chosen layer
+    norm_score: float = 0.0  # the score the search ranked by
+    nbest: list[Translation] = field(default_factory=list)  # the other hypotheses, best first
+
+    @property
+    def alignment(self) -> list[int]:
+        """For each target piece, the source position it attends to most (heads averaged)."""
+        if self.attention is None:
+            raise ValueError("translate with need_attention=True to get alignments")
+        return self.attention[: len(self.tgt_pieces)].mean(1).argmax(-1).tolist()
 
 
 class Translator:
-    """`Translator.from_checkpoint(path).translate(["ein Satz"])` -> translations with scores."""
+    """`Translator.from_checkpoint(path).translate(["ein Satz"], beam=5)` -> translations with scores."""
 
     def __init__(self, model, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
                  device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10):
@@ -36,7 +79,7 @@ class Translator:
         self.model = model.to(self.device).eval()
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.max_src_len = model.config.max_positions - 1
+        self.max_src_len = model.config.max_positions - 1  # room for the source EOS
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto") -> Translator:
@@ -49,6 +92,7 @@ class Translator:
         return cls(model, src_tok, tgt_tok, device=device, max_len_a=t.max_len_a, max_len_b=t.max_len_b)
 
     def encode_sources(self, sentences: list[str]) -> list[np.ndarray]:
+        """Subword ids; inputs longer than the model's positions are truncated with a warning."""
         ids = []
         for i, ids_i in enumerate(self.src_tok.encode(sentences)):
             if len(ids_i) > self.max_src_len:
@@ -58,26 +102,85 @@ class Translator:
             ids.append(np.asarray(ids_i, dtype=np.int64))
         return ids
 
-    def translate(self, sentences: list[str], *, batch_size: int = 64,
-                  need_attention: bool = False) -> list[Translation]:
-        """Translate in length-sorted batches (less padding), returning results in input order."""
+    def search(self, src: torch.Tensor, opts: DecodeOptions, *, prefix: torch.Tensor | None = None,
+               need_attention: bool = False) -> list[list[Hypothesis]]:
+        """Dispatch to greedy search, beam search or sampling for one padded batch (B, S)."""
+        common = dict(max_len_a=self.max_len_a if opts.max_len_a is None else opts.max_len_a,
+                      max_len_b=self.max_len_b if opts.max_len_b is None else opts.max_len_b,
+                      min_len=opts.min_len, prefix=prefix, no_repeat_ngram=opts.no_repeat_ngram,
+                      need_attention=need_attention, attention_layer=opts.attention_layer)
+        if opts.sampling:
+            gen = torch.Generator(device=self.device).manual_seed(opts.seed)
+            return sample(self.model, src, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
+                          generator=gen, **common)
+        if opts.beam == 1:
+            return greedy_search(self.model, src, **common)
+        return beam_search(self.model, src, beam=opts.beam, nbest=opts.nbest, len_penalty=opts.len_penalty,
+                           len_style=opts.len_style, **common)
+
+    def _prefix_batch(self, prefixes: list[str] | None, idx: list[int]) -> torch.Tensor | None:
+        if prefixes is None:
+            return None
+        rows = [np.asarray(ids, dtype=np.int64) for ids in self.tgt_tok.encode([prefixes[i] for i in idx])]
+        return collate([(r, r) for r in rows], idx).tgt_in[:, 1:].to(self.device)  # (B, P), PAD-padded
+
+    def translate(self, sentences: list[str], options: DecodeOptions | None = None, *,
+                  prefixes: list[str] | None = None, batch_size: int = 64, max_tokens: int = 0,
+                  need_attention: bool = False, **kw) -> list[Translation]:
+        """Translate in length-sorted batches (less padding); results come back in input order.
+
+        Options come as a DecodeOptions or as keywords (`beam=5, len_penalty=1.0`); `prefixes` force
+        each output to start with the given target text. With nbest > 1 each result lists the others
+        in `.nbest`. Batches hold at most `batch_size` sentences and, if set, `max_tokens` source tokens.
+        """
+        opts = options or DecodeOptions(**kw)
         src_ids = self.encode_sources(sentences)
         order = sorted(range(len(sentences)), key=lambda i: len(src_ids[i]))
         results: list[Translation | None] = [None] * len(sentences)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in _batches(order, [len(s) + 1 for s in src_ids], batch_size, max_tokens):
             batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(self.device)
-            hyps = greedy_search(self.model, batch.src, max_len_a=self.max_len_a, max_len_b=self.max_len_b,
+            nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
                                  need_attention=need_attention)
-            texts = self.tgt_tok.decode(hyps.tokens)
             for j, i in enumerate(idx):
-                results[i] = Translation(
-                    source=sentences[i], text=texts[j], score=float(hyps.scores[j]),
-                    src_pieces=self.src_tok.pieces(batch.src[j][batch.src[j].ne(0)].tolist()),
-                    tgt_pieces=self.tgt_tok.pieces(hyps.tokens[j]),
-                    attention=None if hyps.attention is None else hyps.attention[j][..., : int(batch.src[j].ne(0).sum())],
-                )
+                n_src = int(batch.src[j].ne(0).sum())
+                src_pieces = self.src_tok.pieces(batch.src[j, :n_src].tolist())
+                hyps = [self._translation(sentences[i], src_pieces, h, n_src) for h in nbests[j]]
+                hyps[0].nbest = hyps[1:]
+                results[i] = hyps[0]
         return results  # type: ignore[return-value]
+
+    def _translation(self, source: str, src_pieces: list[str], h: Hypothesis, n_src: int) -> Translation:
+        return Translation(source=source, text=self.tgt_tok.decode([h.tokens])[0], score=h.score,
+                           src_pieces=src_pieces, tgt_pieces=self.tgt_tok.pieces(h.tokens),
+                           attention=None if h.attention is None else h.attention[..., :n_src],
+                           norm_score=h.norm_score)
 
     def translate_texts(self, sentences: list[str], **kw) -> list[str]:
         return [t.text for t in self.translate(sentences, **kw)]
+
+    def score(self, sources: list[str], targets: list[str], batch_size: int = 64) -> list[float]:
+        """Forced decoding: log P(target | source) per pair, EOS included."""
+        src_ids = self.encode_sources(sources)
+        tgt_ids = [np.asarray(ids, dtype=np.int64) for ids in self.tgt_tok.encode(targets)]
+        out: list[float] = []
+        for start in range(0, len(sources), batch_size):
+            idx = list(range(start, min(start + batch_size, len(sources))))
+            batch = collate([(src_ids[i], tgt_ids[i]) for i in idx], idx).to(self.device)
+            out += score_targets(self.model, batch.src, batch.tgt_in, batch.tgt_out).tolist()
+        return out
+
+
+def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive groups of `order` with at most batch_size items and (if set) max_tokens padded tokens."""
+    groups, current, longest = [], [], 0
+    for i in order:
+        new_longest = max(longest, lengths[i])
+        if current and (len(current) >= batch_size or (max_tokens and new_longest * (len(current) + 1) > max_tokens)):
+            groups.append(current)
+            current, new_longest = [], lengths[i]
+        current.append(i)
+        longest = new_longest
+    return groups + ([current] if current else [])
+
+
+__all__ = ["DecodeOptions", "Translation", "Translator"]

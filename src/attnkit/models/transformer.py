@@ -135,10 +135,10 @@ class Transformer(nn.Module):
 
     def step(
         self, tokens: torch.Tensor, state: DecoderState, *, need_weights: bool = False
-    ) -> tuple[torch.Tensor, DecoderState, torch.Tensor | None]:
-        """Feed one token per row, tokens (B,) -> log-probs (B, V), new state, last cross weights (B, H, S)."""
+    ) -> tuple[torch.Tensor, DecoderState, list[torch.Tensor] | None]:
+        """Feed one token per row, tokens (B,) -> log-probs (B, V), new state, cross weights per layer (B, H, S)."""
         y = self.embed(self.tgt_embed, tokens[:, None], offset=state.length)  # (B, 1, D)
-        new_kv, cross = [], None
+        new_kv, cross = [], []
         for layer, mem_kv, self_kv in zip(self.decoder, state.memory_kv, state.self_kv):
             if self_kv is None:  # first step: an empty cache of the right shape
                 b, h, _, dh = mem_kv.k.shape
@@ -147,7 +147,8 @@ class Transformer(nn.Module):
             y, w, self_kv = layer(y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
                                   need_weights=need_weights)
             new_kv.append(self_kv)
-            cross = w["cross"]
+            if need_weights:
+                cross.append(w["cross"][:, :, 0])
         logits = self.project(self.decoder_norm(y))[:, 0]  # (B, V)
         state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1)
-        return logits.float().log_softmax(dim=-1), state, (None if cross is None else cross[:, :, 0])
+        return logits.float().log_softmax(dim=-1), state, (cross if need_weights else None)

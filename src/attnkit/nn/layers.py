@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.nn.dropout import Dropout
-
 from attnkit.nn.attention import KVCache, MultiHeadAttention
+from attnkit.nn.dropout import Dropout
 
 
 class FeedForward(nn.Module):

@@ -71,9 +71,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path} is not an attnkit checkpoint (format {meta.get('format')!r})")
     if int(meta.get("version", "0")) > VERSION:
         raise CheckpointError(f"{path} was written by a newer attnkit (checkpoint version {meta['version']})")
-    config = cfgmod.from_dict(cfgmod.RunConfig, json.loads(meta["config"]))
+    kind = meta.get("kind", "")
+    try:
+        config = cfgmod.from_dict(cfgmod.RUN_CONFIGS.get(kind, cfgmod.RunConfig), json.loads(meta["config"]))
+    except (cfgmod.ConfigError, json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"{path}: its config cannot be read by this attnkit ({e})") from None
     return Checkpoint(
-        kind=meta["kind"],
+        kind=kind,
         config=config,
         model_state={k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
         tokenizers={k[10:]: v.numpy().tobytes() for k, v in tensors.items() if k.startswith("tokenizer.")},
@@ -111,3 +115,32 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
         state.setdefault(int(idx), {})[name] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+def epoch_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The per-epoch checkpoints of a run, oldest first."""
+    return sorted((Path(run_dir) / "checkpoints").glob("epoch*.safetensors"))
+
+
+def average_checkpoints(paths: list[str | Path], out: str | Path) -> Checkpoint:
+    """Element-wise mean of the weights of `paths` (same kind and shapes), saved as a model-only checkpoint.
+
+    Averaging the last few checkpoints smooths the noise of the final updates (Vaswani et al. 2017,
+    section 6.1: the base models average the last 5 checkpoints).
+    """
+    ckpts = [load_checkpoint(p) for p in paths]
+    first = ckpts[0]
+    for path, ck in zip(paths, ckpts):
+        if ck.kind != first.kind or ck.model_state.keys() != first.model_state.keys():
+            raise CheckpointError(f"{path} holds another model than {paths[0]}: cannot average them")
+        for name, tensor in ck.model_state.items():
+            if tensor.shape != first.model_state[name].shape:
+                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
+                                      f"{paths[0]} has {tuple(first.model_state[name].shape)}")
+    mean = {name: torch.stack([ck.model_state[name].double() for ck in ckpts]).mean(0).to(tensor.dtype)
+            for name, tensor in first.model_state.items()}
+    last = ckpts[-1]
+    averaged = Checkpoint(last.kind, last.config, mean, last.tokenizers,
+                          {**last.train_state, "averaged_from": [str(p) for p in paths]})
+    save_checkpoint(out, averaged)
+    return averaged

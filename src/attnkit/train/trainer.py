@@ -25,7 +25,7 @@ from attnkit.eval import score_corpus
 from attnkit.io import atomic_write_text, ensure_writable_dir
 from attnkit.models import build_model
 from attnkit.runtime import autocast, configure_backends, resolve_device, seed_everything
-from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from attnkit.train.checkpoint import Checkpoint, epoch_checkpoints, load_checkpoint, save_checkpoint
 from attnkit.train.losses import label_smoothed_nll
 from attnkit.train.metrics_log import MetricsLog
 from attnkit.train.schedules import make_schedule
@@ -59,14 +59,15 @@ class Trainer:
         self.device = resolve_device(t.device)
         configure_backends(self.device)
         seed_everything(t.seed)
-        self.model = build_model("transformer", self.cfg.model).to(self.device)
+        self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
         # AdamW: with weight_decay 0 it is exactly Adam; with decay it is decoupled (as fairseq's Adam).
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay)
         self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
                                       total=t.max_steps)
         self.train_split = load_split(self.data_dir, "train")
-        self.valid_split = load_split(self.data_dir, "valid") if (self.data_dir / "valid.safetensors").exists() else None
+        has_valid = (self.data_dir / "valid.safetensors").exists()
+        self.valid_split = load_split(self.data_dir, "valid") if has_valid else None
         self.sampler = TokenBatchSampler(self.train_split.src_lens, self.train_split.tgt_lens, t.max_tokens,
                                          shuffle=True, seed=t.seed)
         self.state = TrainState()
@@ -217,7 +218,7 @@ class Trainer:
                 self.state.batch_in_epoch += len(group)
                 self.state.elapsed_s = time.monotonic() - clock
                 window_tokens += stats["tokens"]
-                if self.state.step % t.log_every == 0 or bar.n == 0:
+                if self.state.step % t.log_every == 0:
                     tok_s = window_tokens / max(1e-9, time.monotonic() - window_start)
                     self.log.write("train", self.state.step, epoch=self.state.epoch, elapsed_s=self.state.elapsed_s,
                                    loss=stats["loss"], nll=stats["nll"], lr=stats["lr"], tok_s=tok_s)
@@ -255,4 +256,14 @@ class Trainer:
                            + " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             if self._is_better(metrics):
                 self.save(self.best_path, full=False)
+        self._save_epoch()
         self.save(self.last_path)
+
+    def _save_epoch(self) -> None:
+        """Model-only weights of each finished epoch, the latest `keep_epochs`, for checkpoint averaging."""
+        keep = self.cfg.train.keep_epochs
+        if not keep or self.state.batch_in_epoch:  # a budget stop mid-epoch is not an epoch
+            return
+        self.save(self.run_dir / "checkpoints" / f"epoch{self.state.epoch:04d}.safetensors", full=False)
+        for old in epoch_checkpoints(self.run_dir)[:-keep]:
+            old.unlink(missing_ok=True)

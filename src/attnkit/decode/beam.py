@@ -1,0 +1,87 @@
+"""Batched beam search over the models' encode / step interface, with the key/value cache.
+
+B sentences, K beams, A = active sentences, N = A * K rows, V vocabulary, t output position.
+The decoder state is reordered with `state.reorder(rows)`, so any seq2seq model family works.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnkit.data.tokenizer import BOS_ID, EOS_ID
+from attnkit.decode.search import Hypothesis, StepRules, length_penalty, max_lengths
+
+
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_len_a: float = 1.2,
+                max_len_b: int = 10, min_len: int = 0, len_penalty: float = 1.0, len_style: str = "length",
+                no_repeat_ngram: int = 0, prefix: torch.Tensor | None = None, need_attention: bool = False,
+                attention_layer: int = -1) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses per sentence, best first, ranked by score / length_penalty.
+
+    At each step the 2K best continuations are ranked; an EOS among the first K finishes a
+    hypothesis, and the first K others continue. A sentence stops once K hypotheses are finished
+    (fairseq's early stopping); its rows leave the batch.
+    """
+    b, k, device = src.size(0), beam, src.device
+    expand = torch.arange(b, device=device).repeat_interleave(k)  # (B*K,) sentence of each row
+    state = model.init_state(model.encode(src)).reorder(expand)
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram).reorder(expand)
+    steps = int(rules.limits.max()) + 1
+    beam_scores = torch.full((b, k), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    history = torch.empty(b * k, 0, dtype=torch.long, device=device)  # (N, t)
+    attn_hist: torch.Tensor | None = None  # (N, t, H, S)
+    sentences = torch.arange(b, device=device)  # original index of each active sentence
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    last = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
+    for t in range(steps):
+        logp, state, cross = model.step(last, state, need_weights=need_attention)  # (N, V)
+        if need_attention:
+            step_attn = cross[attention_layer][:, None].float()  # (N, 1, H, S)
+            attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], 1)
+        logp = rules.apply(logp, t, history)
+        a, v = sentences.numel(), logp.size(1)
+        cand = (beam_scores.view(-1, 1) + logp).view(a, k * v)  # (A, K*V)
+        top_scores, top_idx = cand.topk(min(2 * k, k * v), dim=1)  # (A, 2K)
+        top_beam, top_tok = top_idx // v, top_idx % v
+        is_eos = top_tok.eq(EOS_ID) & top_scores.gt(float("-inf"))
+        _finish(finished, sentences, history, attn_hist, top_scores, top_beam, is_eos, k, len_penalty, len_style)
+        # the first K candidates that are not EOS continue
+        rank = torch.where(is_eos, top_scores.size(1) + torch.arange(top_scores.size(1), device=device),
+                           torch.arange(top_scores.size(1), device=device))
+        keep = rank.argsort(dim=1)[:, :k]  # (A, K)
+        beam_scores = top_scores.gather(1, keep)
+        rows = (torch.arange(a, device=device)[:, None] * k + top_beam.gather(1, keep)).view(-1)  # (N,)
+        last = top_tok.gather(1, keep).view(-1)
+        history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
+        attn_hist = None if attn_hist is None else attn_hist.index_select(0, rows)
+        state, rules = state.reorder(rows), rules.reorder(rows)
+        running = torch.tensor([len(finished[s]) < k for s in sentences.tolist()], device=device)
+        if not running.any():
+            break
+        if not running.all():  # drop the rows of finished sentences
+            blocks = running.nonzero().squeeze(1)
+            rows = (blocks[:, None] * k + torch.arange(k, device=device)).view(-1)
+            sentences, beam_scores, last = sentences[blocks], beam_scores[blocks], last[rows]
+            history = history.index_select(0, rows)
+            attn_hist = None if attn_hist is None else attn_hist.index_select(0, rows)
+            state, rules = state.reorder(rows), rules.reorder(rows)
+    return [sorted(f, key=lambda h: -h.norm_score)[:nbest] for f in finished]
+
+
+def _finish(finished: list[list[Hypothesis]], sentences: torch.Tensor, history: torch.Tensor,
+            attn_hist: torch.Tensor | None, top_scores: torch.Tensor, top_beam: torch.Tensor,
+            is_eos: torch.Tensor, k: int, alpha: float, style: str) -> None:
+    """Record the EOS candidates ranked among the first K of each sentence as finished hypotheses."""
+    a_idx, j_idx = (is_eos[:, :k]).nonzero(as_tuple=True)
+    for a, j in zip(a_idx.tolist(), j_idx.tolist()):
+        sent = int(sentences[a])
+        if len(finished[sent]) >= k:
+            continue
+        row = a * k + int(top_beam[a, j])
+        tokens = history[row].tolist()
+        score = float(top_scores[a, j])
+        attention = None if attn_hist is None else attn_hist[row].cpu()
+        finished[sent].append(Hypothesis(tokens, score, score / length_penalty(len(tokens) + 1, alpha, style),
+                                         attention))

@@ -1,0 +1,78 @@
+"""What every search shares: hypotheses, length limits and the per-step rules on log-probabilities.
+
+N rows (sentences x beams), V vocabulary, t tokens produced so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnkit.data.tokenizer import EOS_ID, PAD_ID
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS and EOS
+    score: float  # summed log-probability, EOS included when produced
+    norm_score: float  # the score the search ranked by (after any length normalisation)
+    attention: torch.Tensor | None = None  # (len(tokens) + 1, H, S) cross-attention of the chosen layer
+
+
+def max_lengths(src: torch.Tensor, a: float, b: int) -> torch.Tensor:
+    """Per-sentence output limit a * |src| + b, |src| counting real tokens only."""
+    return (src.ne(PAD_ID).sum(1).float() * a + b).long().clamp(min=1)
+
+
+def length_penalty(length: int, alpha: float, style: str = "gnmt") -> float:
+    """GNMT's ((5 + |Y|) / 6)^alpha (Wu et al. 2016), or plain |Y|^alpha (alpha 1 = per-token average)."""
+    if style == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    return float(length) ** alpha
+
+
+@dataclass
+class StepRules:
+    """Constraints applied to each step's log-probs, row by row.
+
+    limits (N,): the step at which EOS is forced; min_len: EOS is banned before it; prefix (N, P):
+    forced first tokens (PAD where a row's prefix has ended); no_repeat_ngram: no n-gram twice.
+    """
+
+    limits: torch.Tensor
+    min_len: int = 0
+    prefix: torch.Tensor | None = None
+    no_repeat_ngram: int = 0
+
+    def reorder(self, rows: torch.Tensor) -> StepRules:
+        prefix = None if self.prefix is None else self.prefix.index_select(0, rows)
+        return StepRules(self.limits.index_select(0, rows), self.min_len, prefix, self.no_repeat_ngram)
+
+    def apply(self, logp: torch.Tensor, t: int, history: torch.Tensor) -> torch.Tensor:
+        """logp (N, V) at output position t, history (N, t) -> constrained log-probs (a new tensor)."""
+        logp = logp.clone()
+        if t < self.min_len:
+            logp[:, EOS_ID] = float("-inf")
+        if self.no_repeat_ngram and t + 1 >= self.no_repeat_ngram:
+            self._ban_repeats(logp, history)
+        if self.prefix is not None and t < self.prefix.size(1):
+            forced = self.prefix[:, t]  # (N,)
+            rows = forced.ne(PAD_ID).nonzero().squeeze(1)
+            kept = logp[rows, forced[rows]]
+            logp[rows] = float("-inf")
+            logp[rows, forced[rows]] = kept
+        at_limit = self.limits.le(t)  # (N,)
+        if at_limit.any():
+            eos = logp[at_limit, EOS_ID]
+            logp[at_limit] = float("-inf")
+            logp[at_limit, EOS_ID] = eos.clamp(min=-1e4)  # EOS stays possible even if it was banned
+        return logp
+
+    def _ban_repeats(self, logp: torch.Tensor, history: torch.Tensor) -> None:
+        n = self.no_repeat_ngram
+        for row, seq in enumerate(history.tolist()):
+            tail = tuple(seq[len(seq) - n + 1 :]) if n > 1 else ()
+            banned = [seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == tail]
+            if banned:
+                logp[row, banned] = float("-inf")

@@ -1,0 +1,163 @@
+"""The HTTP service end to end: a real uvicorn server on loopback, concurrent clients, one-line errors."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from attnkit.cli import main  # noqa: E402
+from attnkit.decode.translator import Translator  # noqa: E402
+from attnkit.serve import create_app  # noqa: E402
+
+BOOM = "kaputt"  # a sentence the test translator fails on, to check a failed batch leaves the worker alive
+
+
+class CountingTranslator(Translator):
+    """Records the size of every translate() call, so the test can see requests being batched."""
+
+    calls: list[int] = []  # replaced per instance by the fixture
+
+    def translate(self, sentences, options=None, **kw):
+        self.calls.append(len(sentences))
+        if BOOM in sentences:
+            raise RuntimeError("simulated failure")
+        return super().translate(sentences, options, **kw)
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory, corpus_files) -> CountingTranslator:
+    """prepare -> train six steps through the CLI, as tests/test_cli.py does; loaded on the CPU."""
+    root = tmp_path_factory.mktemp("serve")
+    prefix = Path(corpus_files["train"][0]).with_suffix("")
+    assert main(["prepare", "--src", "de", "--tgt", "en", "--train", prefix, "--valid", prefix.parent / "valid",
+                 "--test", prefix.parent / "test", "--vocab-size", "100", "--out", root / "data"]) == 0
+    assert main(["train", "--data", root / "data", "--out", root / "run", "--quiet", "--train.max_steps=6",
+                 "--model.d_model", "16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=300",
+                 "--train.device=cpu"]) == 0
+    translator = CountingTranslator.from_checkpoint(root / "run" / "checkpoints" / "last.safetensors", "cpu")
+    translator.calls = []
+    return translator
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(translator) -> str:
+    """A uvicorn server in a background thread on 127.0.0.1; stopped when the module's tests are done."""
+    app = create_app(translator, max_batch_sentences=16, max_request_sentences=8, max_chars=60, batch_wait_ms=20)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started or not thread.is_alive():
+            break
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start within 15 s"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def sources(corpus_files) -> list[str]:
+    return Path(corpus_files["test"][0]).read_text(encoding="utf-8").splitlines()
+
+
+def post(url: str, body=None, **kw) -> httpx.Response:
+    return httpx.post(f"{url}/translate", json=body, timeout=30, **kw)
+
+
+def test_health_and_openapi(url):
+    health = httpx.get(f"{url}/health", timeout=10)
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "model": "transformer", "device": "cpu", "queue": 0}
+    spec = httpx.get(f"{url}/openapi.json", timeout=10).json()
+    assert "/translate" in spec["paths"] and spec["info"]["title"] == "attnkit"
+
+
+def test_concurrent_requests_are_batched_without_mixing_answers(url, translator, sources):
+    requests = [sources[i: i + 1 + i % 3] for i in range(16)]  # 1 to 3 sentences each, overlapping
+    expected = [translator.translate(texts) for texts in requests]  # before the server runs: one user of torch
+    translator.calls = []
+
+    def ask(texts: list[str]) -> dict:
+        with httpx.Client(timeout=60) as client:
+            r = client.post(f"{url}/translate", json={"texts": texts})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, requests))
+    for texts, want, got in zip(requests, expected, answers, strict=True):
+        assert len(got["translations"]) == len(texts)
+        for w, g in zip(want, got["translations"], strict=True):
+            assert g["text"] == w.text and abs(g["score"] - w.score) < 1e-4
+            assert g["alignment"] is None and g["nbest"] == []
+    sentences = sum(len(t) for t in requests)
+    assert sum(translator.calls) == sentences and len(translator.calls) < len(requests), translator.calls
+    assert max(translator.calls) <= 16  # max_batch_sentences
+
+
+def test_single_text_beam_nbest_alignment_and_sampling(url, translator, sources):
+    r = post(url, {"text": sources[0], "beam": 3, "nbest": 2, "alignment": True})
+    assert r.status_code == 200, r.text
+    (t,) = r.json()["translations"]
+    assert len(t["nbest"]) == 1 and t["norm_score"] >= t["nbest"][0]["norm_score"]
+    assert t["text"] != t["nbest"][0]["text"]
+    assert t["alignment"] and all(isinstance(a, int) for a in t["alignment"])
+    # sampled requests are never merged with others, so a seed reproduces the direct call
+    body = {"texts": sources[:3], "sampling": True, "temperature": 1.5, "top_k": 5, "seed": 7}
+    got = [t["text"] for t in post(url, body).json()["translations"]]
+    assert got == [t.text for t in translator.translate(sources[:3], sampling=True, temperature=1.5, top_k=5, seed=7)]
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b'{"text": "eins"', 400, "malformed JSON"),
+    ({"text": 3}, 422, "'text'"),
+    ({"texts": ["eins", 2]}, 422, "'texts.1'"),
+    ({"text": "eins", "texts": ["zwei"]}, 422, "exactly one"),
+    ({}, 422, "exactly one"),
+    ({"texts": []}, 422, "'texts'"),
+    ({"text": "eins", "beem": 3}, 422, "unknown field 'beem'"),
+    ({"texts": ["eins"] * 9}, 413, "limit is 8"),
+    ({"text": "x" * 61}, 413, "61 characters"),
+    ({"text": "eins", "beam": 2, "nbest": 3}, 422, "nbest 3 needs beam of at least 3"),
+    ({"text": "eins", "sampling": True, "top_p": 0}, 422, "top_p"),
+    (b'{"text": "eins", "len_penalty": NaN}', 422, "'len_penalty'"),
+    ({"text": BOOM}, 500, "simulated failure"),
+])
+def test_bad_requests_get_one_line_json_errors(url, body, status, words):
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {}
+    r = post(url, None if kw else body, **kw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert words in error and "\n" not in error, error
+
+
+def test_service_survives_bad_requests(url, sources):
+    for body in ({"text": BOOM}, {"texts": [1]}, {"text": "eins", "nbest": 5}):
+        assert post(url, body).status_code >= 400
+    as_json, as_text = {"content-type": "application/json"}, {"content-type": "text/plain"}
+    for content, headers, status in [(b"\xff{", as_json, 400), (b'{"text": "eins"}', as_text, 415),
+                                     (b"[1]", as_json, 422)]:
+        r = httpx.post(f"{url}/translate", content=content, headers=headers, timeout=10)
+        assert r.status_code == status and "error" in r.json(), r.text
+    assert httpx.get(f"{url}/nowhere", timeout=10).json() == {"error": "Not Found"}
+    assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
+    r = post(url, {"texts": sources[:2]})
+    assert r.status_code == 200 and len(r.json()["translations"]) == 2
