@@ -110,6 +110,8 @@ def test_bad_options_and_configs_give_one_line_errors(capsys, tmp_path, trained)
     assert "bad.yaml:" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r", "--config", bad)
     assert "not divisible" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r",
                                              "--model.d_model=10", "--model.n_heads=4")
+    assert "attnkit lm train" in one_line_error(capsys, "train", "--data", data, "--out", tmp_path / "r",
+                                                "--config", "lm-char-small")
     truncated = tmp_path / "t.safetensors"
     truncated.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
     assert "t.safetensors" in one_line_error(capsys, "translate", "--checkpoint", truncated)

@@ -368,3 +368,17 @@ def test_multi30k_validation_reads():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     de, en = read_parallel(MULTI30K / "val.de.gz", MULTI30K / "val.en.gz")
     assert len(de) == len(en) == 1014
+
+
+def test_atomic_writes_replace_whole_files_with_the_usual_permissions(tmp_path):
+    import os
+
+    from attnkit.io import atomic_write_text
+
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    atomic_write_text(target, "new")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert target.read_text() == "new" and not list(tmp_path.glob(".*.tmp"))
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask

@@ -16,7 +16,7 @@ from attnkit.errors import AttnkitError
 SECTIONS = ("model.", "train.")
 # Model families and tools that bring their own verbs: each module has
 # `add_parsers(sub) -> {verb: function(args, overrides)}` and imports heavy modules lazily.
-VERB_MODULES: tuple[str, ...] = ()
+VERB_MODULES: tuple[str, ...] = ("attnkit.plot_cli", "attnkit.lm_cli", "attnkit.experiment_cli")
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -170,6 +170,9 @@ def cmd_train(args, overrides: list[str]) -> None:
     from attnkit.train.trainer import Trainer
 
     cfg = cfgmod.resolve(args.config or ["transformer-small"], overrides)
+    if not isinstance(cfg, cfgmod.RunConfig):
+        raise AttnkitError(f"--config {' '.join(args.config)} configures a '{cfg.model.kind}' language model: "
+                           "train it with `attnkit lm train`")
     trainer = Trainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet)
     metrics = trainer.fit()
     print(" | ".join(f"{k} {v:.3f}" for k, v in metrics.items()) or "no dev set: no metrics")

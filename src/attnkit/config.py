@@ -226,13 +226,165 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type = RunConfig) -> Any:
-    """Layer presets (later wins), then overrides, into a validated `cls`."""
+def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type | None = None) -> Any:
+    """Layer presets (later wins), then overrides, into a validated `cls` (default: the run config
+    class of the model kind they name, RunConfig for seq2seq kinds)."""
     data: dict = {}
     for p in presets:
         data = deep_merge(data, load_yaml(preset_path(p)))
-    return from_dict(cls, apply_overrides(data, list(overrides)))
+    data = apply_overrides(data, list(overrides))
+    if cls is None:
+        model = data.get("model")
+        cls = RUN_CONFIGS.get(model.get("kind", "transformer") if isinstance(model, dict) else "transformer",
+                              RunConfig)
+    return from_dict(cls, data)
 
 
 def replace(cfg: Any, **changes: Any) -> Any:
     return dataclasses.replace(cfg, **changes)
+
+
+# --- language models (issue 3): Transformer-XL and the vanilla Transformer LM -------------------------------------
+LM_KINDS = ("transformer-xl", "vanilla-lm")
+
+
+@dataclass(frozen=True)
+class TransformerXLConfig:
+    """A decoder-only LM: Transformer-XL (Dai et al. 2019) or the vanilla LM (Al-Rfou et al. 2018).
+
+    Memory and position knobs that may differ between training and evaluation (mem_len, clamp_len)
+    live in LMTrainConfig and are passed to `forward`; the model config holds the architecture.
+    """
+
+    kind: str = "transformer-xl"  # transformer-xl | vanilla-lm
+    vocab_size: int = 256
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_layers: int = 4
+    dropout: float = 0.1  # embeddings, positions, residual branches, FFN activation (the XL reference's `dropout`)
+    attention_dropout: float = 0.0  # attention probabilities (the XL reference's `dropatt`)
+    activation: str = "relu"
+    norm_first: bool = False  # False = post-LN (both papers); True = pre-LN
+    same_length: bool = False  # XL: every query attends to the same number (mem_len) of keys
+    tie_output: bool = True  # output projection = input embedding matrix
+    max_positions: int = 1024  # vanilla: the absolute-position table grows beyond this when needed
+
+    def __post_init__(self) -> None:
+        if self.kind not in LM_KINDS:
+            raise ConfigError(f"model.kind must be one of {', '.join(LM_KINDS)}, not {self.kind!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        if self.activation not in ("relu", "gelu"):
+            raise ConfigError(f"model.activation must be relu or gelu, not {self.activation!r}")
+        if self.vocab_size <= 0 or self.n_layers <= 0:
+            raise ConfigError("model.vocab_size and model.n_layers must be positive")
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    """How to train and evaluate a language model on ordered streams."""
+
+    tgt_len: int = 128  # segment length per update
+    mem_len: int = 128  # XL memory kept per layer (ignored by the vanilla LM)
+    eval_tgt_len: int = 0  # 0 = tgt_len
+    eval_mem_len: int = -1  # -1 = mem_len (the paper evaluates with longer memory than it trains with)
+    clamp_len: int = 0  # relative distances above this use R_clamp_len (0 = no clamping)
+    batch_size: int = 32  # parallel streams
+    eval_batch_size: int = 8
+    lr: float = 2.5e-4
+    schedule: str = "cosine"  # cosine | inverse_sqrt | constant
+    warmup: int = 0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 0.25  # 0 = no clipping
+    accumulate: int = 1  # consecutive segments per update
+    max_steps: int = 1000  # 0 = no limit (cosine needs it as its horizon)
+    max_minutes: float = 0.0  # wall-clock budget (0 = none)
+    dtype: str = "float32"  # float32 | bfloat16 (autocast)
+    seed: int = 1
+    device: str = "auto"
+    eval_interval: int = 200  # updates between validation passes (and `last` checkpoints)
+    eval_max_tokens: int = 0  # cap on validation tokens per periodic pass (0 = the whole split)
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("cosine", "inverse_sqrt", "constant"):
+            raise ConfigError(f"train.schedule must be cosine, inverse_sqrt or constant, not {self.schedule!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"train.dtype must be float32 or bfloat16, not {self.dtype!r}")
+        if min(self.tgt_len, self.batch_size, self.eval_batch_size, self.accumulate, self.eval_interval) <= 0:
+            raise ConfigError("train.tgt_len, batch_size, eval_batch_size, accumulate, eval_interval must be positive")
+        if self.mem_len < 0 or self.clamp_len < 0 or self.eval_tgt_len < 0 or self.eval_mem_len < -1:
+            raise ConfigError("train.mem_len, clamp_len, eval_tgt_len must be >= 0 (eval_mem_len >= -1)")
+        if self.schedule == "cosine" and self.max_steps <= 0:
+            raise ConfigError("the cosine schedule needs train.max_steps > 0 as its horizon")
+
+    @property
+    def eval_lengths(self) -> tuple[int, int]:
+        """(tgt_len, mem_len) used for evaluation."""
+        return self.eval_tgt_len or self.tgt_len, self.mem_len if self.eval_mem_len < 0 else self.eval_mem_len
+
+
+@dataclass(frozen=True)
+class LMRunConfig:
+    """A language-model run: the model (either LM kind) + its training."""
+
+    model: TransformerXLConfig = field(default_factory=TransformerXLConfig)
+    train: LMTrainConfig = field(default_factory=LMTrainConfig)
+
+
+MODEL_CONFIGS.update({kind: TransformerXLConfig for kind in LM_KINDS})
+RUN_CONFIGS.update({kind: LMRunConfig for kind in LM_KINDS})
+
+
+RNN_KINDS = ("rnn-seq2seq", "rnn-bahdanau", "rnn-luong", "rnn-hard")
+
+
+@dataclass(frozen=True)
+class RNNConfig:
+    """RNN encoder-decoders (attnkit.models.rnn): fixed vector C, Bahdanau, Luong and hard attention."""
+
+    kind: str = "rnn-bahdanau"  # rnn-seq2seq | rnn-bahdanau | rnn-luong | rnn-hard
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    cell: str = "gru"  # gru | lstm
+    embed_dim: int = 256
+    hidden: int = 512  # decoder state = encoder output; a bidirectional encoder has hidden/2 per direction
+    attention_dim: int = 0  # additive attention (rnn-bahdanau, rnn-hard): MLP size; 0 = hidden
+    n_encoder_layers: int = 1
+    n_decoder_layers: int = 1
+    bidirectional: bool = True
+    dropout: float = 0.2  # embeddings, between stacked RNN layers, before the output layer
+    reverse_source: bool = False  # read the source backwards (Sutskever et al. 2014)
+    score: str = "general"  # rnn-luong: dot | general (bilinear)
+    input_feeding: bool = True  # rnn-luong: feed the attentional state h~_{t-1} into step t
+    estimator: str = "reinforce"  # rnn-hard: reinforce (+ moving-average baseline) | gumbel (straight-through)
+    gumbel_tau: float = 1.0  # rnn-hard with gumbel: temperature of the relaxed sample
+    share_embeddings: bool = True  # one table for source and target; needs a joint vocabulary
+    max_positions: int = 1024  # longest source the translator accepts (an RNN has no position table)
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        choices = {"kind": RNN_KINDS, "cell": ("gru", "lstm"), "score": ("dot", "general"),
+                   "estimator": ("reinforce", "gumbel")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        if min(self.embed_dim, self.hidden, self.n_encoder_layers, self.n_decoder_layers, self.gumbel_tau) <= 0:
+            raise ConfigError("model.embed_dim, hidden, n_*_layers and gumbel_tau must be positive")
+        if self.bidirectional and self.hidden % 2:
+            raise ConfigError(f"model.hidden={self.hidden} must be even with a bidirectional encoder (hidden/2 each)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), not {self.dropout}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
+
+    @property
+    def d_model(self) -> int:
+        """The width the noam schedule scales by (train.schedule=noam)."""
+        return self.hidden
+
+
+MODEL_CONFIGS.update({kind: RNNConfig for kind in RNN_KINDS})

@@ -24,6 +24,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as f:
             yield f
             f.flush()
@@ -33,6 +34,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -20,8 +20,11 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
     """The `nbest` best hypotheses per sentence, best first, ranked by score / length_penalty.
 
     At each step the 2K best continuations are ranked; an EOS among the first K finishes a
-    hypothesis, and the first K others continue. A sentence stops once K hypotheses are finished
-    (fairseq's early stopping); its rows leave the batch.
+    hypothesis (the K best finished are kept), and the first K others continue. A sentence stops
+    once it has K finished hypotheses and no running one can still beat the worst of them (scores
+    only fall as tokens are added, so the bound is exact); its rows leave the batch. Stopping at the
+    first K finished instead (fairseq's early stopping) loses hypotheses that end later with a
+    better score: on Multi30k beam 5 then scored below greedy on 3-4% of the sentences.
     """
     b, k, device = src.size(0), beam, src.device
     expand = torch.arange(b, device=device).repeat_interleave(k)  # (B*K,) sentence of each row
@@ -57,7 +60,9 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
         attn_hist = None if attn_hist is None else attn_hist.index_select(0, rows)
         state, rules = state.reorder(rows), rules.reorder(rows)
-        running = torch.tensor([len(finished[s]) < k for s in sentences.tolist()], device=device)
+        best_possible = _best_possible(beam_scores, t, rules.limits.view(a, k)[:, 0], len_penalty, len_style)
+        running = torch.tensor([len(finished[s]) < k or finished[s][-1].norm_score < bound
+                                for s, bound in zip(sentences.tolist(), best_possible.tolist())], device=device)
         if not running.any():
             break
         if not running.all():  # drop the rows of finished sentences
@@ -67,21 +72,36 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
             history = history.index_select(0, rows)
             attn_hist = None if attn_hist is None else attn_hist.index_select(0, rows)
             state, rules = state.reorder(rows), rules.reorder(rows)
-    return [sorted(f, key=lambda h: -h.norm_score)[:nbest] for f in finished]
+    return [f[:nbest] for f in finished]
+
+
+def _best_possible(beam_scores: torch.Tensor, t: int, limits: torch.Tensor, alpha: float, style: str) -> torch.Tensor:
+    """(A,) the best normalised score a running hypothesis of each sentence could still finish with.
+
+    beam_scores (A, K) hold t + 1 tokens; finishing adds EOS and at most `limit` steps are taken. A
+    log-probability only falls with more tokens, so the bound is its current score divided by the
+    length penalty at whichever end of [t + 2, limit + 1] divides it most favourably.
+    """
+    best = beam_scores.max(dim=1).values  # (A,)
+    shortest = best / length_penalty(t + 2, alpha, style)
+    longest = best / length_penalty(limits.to(best.dtype) + 1, alpha, style)
+    return torch.maximum(shortest, longest)
 
 
 def _finish(finished: list[list[Hypothesis]], sentences: torch.Tensor, history: torch.Tensor,
             attn_hist: torch.Tensor | None, top_scores: torch.Tensor, top_beam: torch.Tensor,
             is_eos: torch.Tensor, k: int, alpha: float, style: str) -> None:
-    """Record the EOS candidates ranked among the first K of each sentence as finished hypotheses."""
+    """Record the EOS candidates ranked among the first K of each sentence; each keeps its K best, best first."""
     a_idx, j_idx = (is_eos[:, :k]).nonzero(as_tuple=True)
     for a, j in zip(a_idx.tolist(), j_idx.tolist()):
         sent = int(sentences[a])
-        if len(finished[sent]) >= k:
-            continue
         row = a * k + int(top_beam[a, j])
         tokens = history[row].tolist()
         score = float(top_scores[a, j])
+        norm = score / length_penalty(len(tokens) + 1, alpha, style)
+        if len(finished[sent]) >= k and norm <= finished[sent][-1].norm_score:
+            continue
         attention = None if attn_hist is None else attn_hist[row].cpu()
-        finished[sent].append(Hypothesis(tokens, score, score / length_penalty(len(tokens) + 1, alpha, style),
-                                         attention))
+        finished[sent].append(Hypothesis(tokens, score, norm, attention))
+        finished[sent].sort(key=lambda h: -h.norm_score)  # best first; keep the K best
+        del finished[sent][k:]

@@ -25,11 +25,11 @@ def max_lengths(src: torch.Tensor, a: float, b: int) -> torch.Tensor:
     return (src.ne(PAD_ID).sum(1).float() * a + b).long().clamp(min=1)
 
 
-def length_penalty(length: int, alpha: float, style: str = "gnmt") -> float:
+def length_penalty(length: int | torch.Tensor, alpha: float, style: str = "gnmt") -> float | torch.Tensor:
     """GNMT's ((5 + |Y|) / 6)^alpha (Wu et al. 2016), or plain |Y|^alpha (alpha 1 = per-token average)."""
     if style == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
-    return float(length) ** alpha
+    return (1.0 * length) ** alpha
 
 
 @dataclass

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from torch import nn
 
-from attnkit.config import TransformerConfig
+from attnkit.config import RNNConfig, TransformerConfig, TransformerXLConfig
 from attnkit.errors import CheckpointError
+from attnkit.models.rnn import BahdanauSeq2Seq, HardAttentionSeq2Seq, LuongSeq2Seq, RNNSeq2Seq
 from attnkit.models.transformer import Transformer
+from attnkit.models.transformer_xl import TransformerXL, VanillaLM
 
 MODELS: dict[str, tuple[type[nn.Module], type]] = {
     Transformer.kind: (Transformer, TransformerConfig),
+    TransformerXL.kind: (TransformerXL, TransformerXLConfig),
+    VanillaLM.kind: (VanillaLM, TransformerXLConfig),
+    RNNSeq2Seq.kind: (RNNSeq2Seq, RNNConfig),
+    BahdanauSeq2Seq.kind: (BahdanauSeq2Seq, RNNConfig),
+    LuongSeq2Seq.kind: (LuongSeq2Seq, RNNConfig),
+    HardAttentionSeq2Seq.kind: (HardAttentionSeq2Seq, RNNConfig),
 }
 
 

@@ -43,6 +43,18 @@ class TrainState:
     skipped: int = 0  # updates skipped for a non-finite loss or gradient
 
 
+def training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """Logits (B, T, V) and an auxiliary loss, summed over target tokens like the likelihood.
+
+    A model with a training-only objective beside the likelihood (hard attention's REINFORCE term)
+    defines `forward_train(src, tgt_in, tgt_out) -> (logits, aux)`; for the others aux is 0. The term is
+    optimised but not part of the logged loss / nll, which stay comparable across models.
+    """
+    if hasattr(model, "forward_train"):
+        return model.forward_train(batch.src, batch.tgt_in, batch.tgt_out)
+    return model(batch.src, batch.tgt_in), 0.0
+
+
 class Trainer:
     def __init__(self, cfg: cfgmod.RunConfig, data_dir: str | Path, run_dir: str | Path, *,
                  resume: bool = False, force: bool = False, progress: bool = True):
@@ -119,9 +131,9 @@ class Trainer:
         for batch in batches:
             batch = batch.to(self.device)
             with autocast(self.device, t.dtype):
-                logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+                logits, aux = training_forward(self.model, batch)  # (B, T, V), summed auxiliary loss
             loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
-            (loss / n_tokens).backward()
+            ((loss + aux) / n_tokens).backward()
             total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
                      if t.clip_norm or not math.isfinite(total_loss) else None)
@@ -242,6 +254,9 @@ class Trainer:
             self._end_of_epoch(metrics)
             last_save = time.monotonic()
         self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min of training")
+        from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
+
+        after_fit(self.run_dir, self.data_dir, self.log.say)
         self.log.close()
         return metrics
 

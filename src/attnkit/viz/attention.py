@@ -1,42 +1,205 @@
-"""Attention heatmaps: one panel per head, axes labelled with the tokens."""
+"""Attention heatmaps drawn from the maps a model returns: heads as columns, layers as rows.
+
+Tq query length, Tk key length, H heads, L layers.
+
+Every model family hands its pictures over as `AttentionView`s (one per sentence): a dict of
+attention kinds, each a list over layers of (H, Tq, Tk) arrays, with the tokens that label the rows
+and columns. A family registers a loader in `ATTENTION_VIEWS` (checkpoint -> views) and the `plot`
+commands, the HTML page, `--stats` and report.html all work for it.
+"""
 
 from __future__ import annotations
 
-import io
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+from attnkit.data.batching import collate
+from attnkit.data.tokenizer import BOS_ID, EOS_ID
+from attnkit.errors import AttnkitError
+from attnkit.viz.figure import Plot, finish, subplots
 
-from attnkit.io import atomic_write_bytes  # noqa: E402
+# Kinds a translation model returns, as `attnkit plot attention --kind` names them.
+KIND_NAMES = {"enc": "encoder", "dec": "decoder", "cross": "cross"}
+TITLES = {"encoder": "encoder self-attention", "decoder": "decoder masked self-attention",
+          "cross": "encoder-decoder attention", "self": "self-attention (memory | segment)"}
+
+
+@dataclass
+class AttentionView:
+    """One sentence's attention as a model returned it.
+
+    maps: kind -> per layer (H, Tq, Tk). Translation models give "encoder", "decoder" and "cross";
+    a language model gives "self" and marks the memory with `boundary`; an RNN gives "cross" (1 layer,
+    1 head). queries / keys: kind -> tick labels. content: kind -> (rows, cols) that are real tokens
+    (the rest are EOS/BOS), used by the statistics.
+    """
+
+    source: str
+    output: str
+    maps: dict[str, list[np.ndarray]]
+    queries: dict[str, list[str]]
+    keys: dict[str, list[str]]
+    boundary: dict[str, int] = field(default_factory=dict)  # kind -> first key index after the memory
+    content: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def layers(self, kind: str) -> list[np.ndarray]:
+        if kind not in self.maps:
+            raise AttnkitError(f"this model has no '{kind}' attention (it has: {', '.join(self.maps)})")
+        return self.maps[kind]
+
+
+# --- drawing -------------------------------------------------------------------------------
+def _panel_size(n_tokens: int) -> float:
+    return min(5.0, max(2.2, 0.2 * n_tokens))
+
+
+def draw_grid(weights: np.ndarray, queries: list[str], keys: list[str], *, row_names: list[str],
+              boundary: int | None = None, title: str = ""):
+    """weights (R, H, Tq, Tk) -> a figure with R rows x H columns of heatmaps, every axis labelled."""
+    rows, heads = weights.shape[:2]
+    size = _panel_size(max(len(queries), len(keys)))
+    fig, axes = subplots(rows, heads, size, size)
+    for r in range(rows):
+        for h in range(heads):
+            ax = axes[r, h]
+            ax.imshow(weights[r, h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+            ax.set_title(f"{row_names[r]} head {h + 1}", fontsize=8)
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(queries)), queries, fontsize=6)
+            if boundary is not None:
+                ax.axvline(boundary - 0.5, color="red", linewidth=1.2, linestyle="--")  # memory | segment
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
 
 
 def plot_attention_heads(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str],
-                         path: str | Path, title: str = "") -> plt.Figure:
-    """weights (H, Tq, Tk) -> a grid of H heatmaps saved as PNG at `path`; returns the figure."""
-    weights = weights.detach().float().cpu()
-    n_heads = weights.size(0)
-    cols = min(4, n_heads)
-    rows = math.ceil(n_heads / cols)
-    size = max(2.5, 0.28 * max(len(key_tokens), len(query_tokens)))
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
-    for h, ax in enumerate(axes.flat):
-        if h >= n_heads:
-            ax.axis("off")
-            continue
-        ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-        ax.set_title(f"head {h + 1}", fontsize=9)
-        ax.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return fig
+                         path: str | Path, title: str = ""):
+    """weights (H, Tq, Tk) -> a row of H heatmaps saved as PNG at `path`; returns the figure."""
+    w = weights.detach().float().cpu().numpy()
+    cols = min(4, w.shape[0])
+    rows = math.ceil(w.shape[0] / cols)
+    padded = np.full((rows * cols, *w.shape[1:]), np.nan, dtype=np.float32)
+    padded[: w.shape[0]] = w
+    fig = draw_grid(padded.reshape(rows, cols, *w.shape[1:]), query_tokens, key_tokens,
+                    row_names=[""] * rows, title=title)
+    for ax in fig.axes[w.shape[0]:]:
+        ax.axis("off")
+    return finish(fig, {"weights": w}, path, dpi=110).figure
+
+
+def select_layers(n_layers: int, layer: str | int) -> list[int]:
+    """'all' -> every layer; N (1-based, negative counts from the end) -> [that layer]."""
+    if layer == "all":
+        return list(range(n_layers))
+    try:
+        n = int(layer)
+    except ValueError:
+        n = 0
+    index = n - 1 if n > 0 else n_layers + n
+    if not 0 <= index < n_layers or n == 0:
+        raise AttnkitError(f"--layer {layer}: the model has layers 1..{n_layers} (or -1 for the last, or all)")
+    return [index]
+
+
+def plot_attention(view: AttentionView, kind: str, path: str | Path | None, layer: str | int = "all") -> Plot:
+    """One kind of attention of one sentence: layers as rows, heads as columns, tokens on the axes.
+
+    data: weights (R, H, Tq, Tk) exactly as the model returned them, layers (0-based), queries, keys.
+    """
+    maps = view.layers(kind)
+    layers = select_layers(len(maps), layer)
+    weights = np.stack([maps[i] for i in layers])  # (R, H, Tq, Tk)
+    queries, keys = view.queries[kind], view.keys[kind]
+    fig = draw_grid(weights, queries, keys, row_names=[f"layer {i + 1}" for i in layers],
+                    boundary=view.boundary.get(kind), title=f"{TITLES.get(kind, kind)}: {view.source}")
+    return finish(fig, {"weights": weights, "layers": layers, "queries": queries, "keys": keys}, path)
+
+
+# --- model side: checkpoints -> views ---------------------------------------------------------
+# Which token sequence labels the rows and the columns of each kind a seq2seq model's
+# `attention(src, tgt_in)` returns: src = source + EOS, out = what each decoder position predicts
+# (target + EOS), in = what the decoder reads (BOS + target).
+SEQ2SEQ_SIDES = {"encoder": ("src", "src"), "decoder": ("out", "in"), "cross": ("out", "src")}
+
+
+def seq2seq_views(translator, sources: list[str], targets: list[str] | None = None,
+                  batch_size: int = 32) -> list[AttentionView]:
+    """Every attention map of a seq2seq model (Transformer, RNN + attention) for each sentence pair.
+
+    Without targets, each source is translated greedily first and its output teacher-forced back
+    through `model.attention(src, tgt_in)`, which returns the maps: {kind: L x (B, H, T, S)} with kinds
+    among "encoder", "decoder", "cross". Decoder rows are labelled with the token each position
+    predicts, decoder keys with the tokens it reads.
+    """
+    from attnkit.decode.translator import DecodeOptions
+
+    src_ids = translator.encode_sources(sources)
+    if targets is not None and len(targets) != len(sources):
+        raise AttnkitError(f"{len(sources)} source sentences but {len(targets)} targets")
+    views: list[AttentionView] = []
+    for start in range(0, len(sources), batch_size):
+        idx = list(range(start, min(start + batch_size, len(sources))))
+        if targets is None:
+            batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(translator.device)
+            tgt_ids = [np.asarray(h[0].tokens, dtype=np.int64) for h in translator.search(batch.src, DecodeOptions())]
+        else:
+            tgt_ids = [np.asarray(t, dtype=np.int64) for t in translator.tgt_tok.encode([targets[i] for i in idx])]
+        batch = collate([(src_ids[i], t) for i, t in zip(idx, tgt_ids)], idx).to(translator.device)
+        with torch.no_grad():
+            _, maps = translator.model.attention(batch.src, batch.tgt_in)  # kind -> L x (B, H, T, S)
+        maps = {k: [m.float().cpu().numpy() for m in layers] for k, layers in maps.items()
+                if k in SEQ2SEQ_SIDES and layers and all(m is not None for m in layers)}
+        if not maps:
+            raise AttnkitError(f"a '{translator.model.kind}' model returns no attention to draw")
+        views += [_seq2seq_view(translator, maps, j, sources[i], src_ids[i], t) for j, (i, t) in
+                  enumerate(zip(idx, tgt_ids))]
+    return views
+
+
+def _seq2seq_view(translator, maps: dict[str, list[np.ndarray]], row: int, source: str, src_ids: np.ndarray,
+                  tgt_ids: np.ndarray) -> AttentionView:
+    """Row `row` of a batch of maps, cut to its real length and labelled with its tokens."""
+    tokens = {"src": translator.src_tok.pieces([*src_ids.tolist(), EOS_ID]),
+              "out": translator.tgt_tok.pieces([*tgt_ids.tolist(), EOS_ID]),
+              "in": translator.tgt_tok.pieces([BOS_ID, *tgt_ids.tolist()])}
+    sides = {kind: SEQ2SEQ_SIDES[kind] for kind in maps}
+    return AttentionView(
+        source=source, output=translator.tgt_tok.decode([tgt_ids.tolist()])[0],
+        maps={k: [m[row, :, : len(tokens[q]), : len(tokens[c])] for m in maps[k]] for k, (q, c) in sides.items()},
+        queries={k: tokens[q] for k, (q, _) in sides.items()},
+        keys={k: tokens[c] for k, (_, c) in sides.items()},
+        content={k: (len(tokens[q]) - 1, len(tokens[c]) - 1) for k, (q, c) in sides.items()})  # no EOS / BOS
+
+
+def seq2seq_loader(checkpoint: str | Path, sources: list[str], targets: list[str] | None,
+                   device: str) -> list[AttentionView]:
+    from attnkit.decode import Translator
+
+    return seq2seq_views(Translator.from_checkpoint(checkpoint, device=device), sources, targets)
+
+
+# Model kind -> (checkpoint, sources, targets or None, device) -> one AttentionView per source.
+# Seq2seq kinds with `attention(src, tgt_in)` need no entry; other families (language models) add theirs.
+ATTENTION_VIEWS: dict[str, Callable[..., list[AttentionView]]] = {}
+
+
+def load_views(checkpoint: str | Path, sources: list[str], targets: list[str] | None = None,
+               device: str = "cpu") -> list[AttentionView]:
+    """The attention views of any model kind that returns its maps, read from its checkpoint."""
+    from attnkit.models import MODELS
+    from attnkit.train.checkpoint import load_checkpoint
+
+    kind = load_checkpoint(checkpoint).kind
+    if kind in ATTENTION_VIEWS:
+        return ATTENTION_VIEWS[kind](checkpoint, sources, targets, device)
+    model_class = MODELS[kind][0] if kind in MODELS else None
+    if model_class is None or not hasattr(model_class, "attention") or not hasattr(model_class, "init_state"):
+        raise AttnkitError(f"no attention pictures for model kind '{kind}' yet (seq2seq models need "
+                           "`attention(src, tgt_in)`; other kinds register in attnkit.viz.attention.ATTENTION_VIEWS)")
+    return seq2seq_loader(checkpoint, sources, targets, device)

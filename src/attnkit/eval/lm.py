@@ -1,0 +1,177 @@
+"""Language-model evaluation: loss, perplexity, bits per character, tokens/s, and the XL/vanilla speed table.
+
+N tokens, B streams, T segment length, M memory length, W window (vanilla attention length), V vocabulary.
+
+Two ways to score a corpus:
+- `evaluate_segments`: ordered segments of T; Transformer-XL carries its memory of M from one segment to
+  the next (evaluation may use longer T / M / clamp_len than training did); the vanilla LM sees each
+  segment alone (fast, but the first tokens of every segment have little context).
+- `evaluate_sliding_window`: Al-Rfou et al.'s evaluation of the vanilla LM: every token is predicted
+  from the W tokens before it, one prediction per window, everything recomputed — the cost the
+  Transformer-XL paper compares against (section 4.1, table 9) and `speed_table` measures.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnkit.config import TransformerXLConfig, replace
+from attnkit.data.lm import LMStreams
+from attnkit.eval.speed import timed
+from attnkit.runtime import autocast
+
+
+@dataclass
+class LMScores:
+    nll: float  # summed negative log-likelihood (nats)
+    tokens: int  # predicted tokens
+    seconds: float
+
+    @property
+    def loss(self) -> float:
+        """Mean nats per token."""
+        return self.nll / max(1, self.tokens)
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.loss, 50.0))
+
+    @property
+    def bpc(self) -> float:
+        """Bits per token: bits per character on a character-level corpus."""
+        return self.loss / math.log(2)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"loss": self.loss, "ppl": self.ppl, "bpc": self.bpc, "tokens": self.tokens, "tok_s": self.tok_s}
+
+    def summary(self) -> str:
+        return (f"loss {self.loss:.4f} nats | ppl {self.ppl:.2f} | bpc {self.bpc:.4f} | "
+                f"{self.tokens:,} tokens | {self.tok_s:,.0f} tok/s")
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of (..., V) logits against (...) targets; half-precision logits in float32."""
+    logits = logits.float() if logits.element_size() < 4 else logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
+
+
+@torch.no_grad()
+def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
+                      batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
+                      dtype: str = "float32") -> LMScores:
+    """Score ids (N,) read as B ordered streams in segments of T, carrying the memory (XL) across segments."""
+    device = torch.device(device)
+    model.eval()
+    streams, mems, nll, n = LMStreams(ids, batch_size, tgt_len), None, 0.0, 0
+    start = time.perf_counter()
+    for x, y in streams:
+        with autocast(device, dtype):
+            logits, mems = model(x.to(device), mems, mem_len=mem_len, clamp_len=clamp_len)  # (B, T, V)
+        nll, n = nll + token_nll(logits, y.to(device)).item(), n + y.numel()
+        if max_tokens and n >= max_tokens:
+            break
+    return LMScores(nll, n, time.perf_counter() - start)
+
+
+@torch.no_grad()
+def evaluate_sliding_window(model, ids: torch.Tensor, *, window: int, batch_size: int = 16, max_tokens: int = 0,
+                            device: torch.device | str = "cpu", dtype: str = "float32") -> LMScores:
+    """Score ids[1:] with every token p predicted from ids[max(0, p-W) : p], one prediction per window.
+
+    The first forward pass over ids[:W] scores tokens 1 .. W at once: for a causal model its outputs
+    at position p - 1 are exactly those of the shorter window ids[:p]. Every later token gets its own
+    full window of W (B windows per forward pass), and only its last position is scored.
+    """
+    device = torch.device(device)
+    model.eval()
+    n = ids.numel() if not max_tokens else min(ids.numel(), max_tokens + 1)
+    start, nll = time.perf_counter(), 0.0
+    head = ids[: min(window, n - 1)].to(device)[None]  # (1, W)
+    with autocast(device, dtype):
+        logits = model(head)[0]  # (1, W, V)
+    nll += token_nll(logits, ids[1 : head.size(1) + 1].to(device)[None]).item()
+    if n - 1 <= window:
+        return LMScores(nll, n - 1, time.perf_counter() - start)
+    windows = ids[: n - 1].unfold(0, window, 1)  # (N - W, W): row r = ids[r : r + W], predicting ids[r + W]
+    for first in range(1, windows.size(0), batch_size):
+        x = windows[first : first + batch_size].to(device)  # (B, W)
+        with autocast(device, dtype):
+            last = model(x)[0][:, -1]  # (B, V)
+        nll += token_nll(last, ids[first + window : first + window + x.size(0)].to(device)).item()
+    return LMScores(nll, n - 1, time.perf_counter() - start)
+
+
+@dataclass
+class SpeedRow:
+    attn_len: int  # W = M + T
+    segment: int  # XL segment T
+    memory: int  # XL memory M
+    vanilla_ms: float  # per token, sliding window of W
+    xl_ms: float  # per token, segment T over memory M
+
+    @property
+    def ratio(self) -> float:
+        return self.vanilla_ms / self.xl_ms
+
+
+@torch.no_grad()
+def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 256, 512, 1024), *,
+                segment_fraction: float = 0.25, runs: int = 5, device: torch.device | str = "cpu") -> list[SpeedRow]:
+    """Per-token evaluation time of the vanilla sliding window vs Transformer-XL, per attention length W.
+
+    Vanilla: one forward pass over a window of W per predicted token (batch 1). XL: one segment of
+    T = W * segment_fraction over a full memory of M = W - T per T tokens (segment 128 + memory 384 at
+    W = 512, as the LM workload of ../shared/bench/WORKLOADS.md). Both models are built from `config`,
+    randomly initialised (speed does not depend on the weights); median of `runs` timed calls.
+    """
+    from attnkit.models import build_model
+
+    device = torch.device(device)
+    torch.manual_seed(0)
+    vanilla = build_model("vanilla-lm", replace(config, kind="vanilla-lm")).to(device).eval()
+    xl = build_model("transformer-xl", replace(config, kind="transformer-xl")).to(device).eval()
+    rows = []
+    for w in lengths:
+        t = max(1, int(w * segment_fraction))
+        m = w - t
+        window = torch.randint(config.vocab_size, (1, w), device=device)
+        vanilla_s = timed(lambda window=window: vanilla(window), 1, runs)
+        segment = torch.randint(config.vocab_size, (1, t), device=device)
+        mems = [torch.randn(1, m, config.d_model, device=device) for _ in range(config.n_layers)]
+        xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs)
+        rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t))
+    return rows
+
+
+def format_speed_table(rows: list[SpeedRow]) -> str:
+    lines = ["| attention length | XL segment + memory | vanilla ms/token | XL ms/token | speed-up |",
+             "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.attn_len} | {r.segment} + {r.memory} | {r.vanilla_ms:.3f} | {r.xl_ms:.4f} | {r.ratio:.1f}x |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def load_lm_checkpoint(path, device: torch.device | str = "cpu"):
+    """(model in eval mode, LMVocab, LMRunConfig) from a checkpoint written by the LM trainer."""
+    from attnkit.config import LM_KINDS
+    from attnkit.data.lm import LMVocab
+    from attnkit.errors import CheckpointError
+    from attnkit.models import build_model
+    from attnkit.train.checkpoint import load_checkpoint
+    from attnkit.train.lm_trainer import VOCAB_BLOB
+
+    ckpt = load_checkpoint(path)
+    if ckpt.kind not in LM_KINDS or VOCAB_BLOB not in ckpt.tokenizers:
+        raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a language model")
+    model = build_model(ckpt.kind, ckpt.config.model)
+    model.load_state_dict(ckpt.model_state)
+    return model.to(device).eval(), LMVocab.from_bytes(ckpt.tokenizers[VOCAB_BLOB]), ckpt.config

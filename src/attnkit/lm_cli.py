@@ -1,0 +1,175 @@
+"""`attnkit lm prepare | train | eval | generate | speed`: language models (Transformer-XL, vanilla LM).
+
+    attnkit lm prepare --train input.txt.gz --valid-fraction 0.1 --level char --out runs/shakespeare/data
+    attnkit lm train --data runs/shakespeare/data --out runs/shakespeare/xl --config lm-char-small
+    attnkit lm eval --checkpoint runs/shakespeare/xl/checkpoints/best.safetensors --data runs/shakespeare/data \
+        --mem-len 256
+    attnkit lm generate --checkpoint runs/shakespeare/xl/checkpoints/best.safetensors --prompt "ROMEO:"
+    attnkit lm speed --lengths 128 256 512 1024
+
+Torch and the model code are imported inside the command functions, so `attnkit --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+DEFAULT_PRESET = "lm-char-small"
+
+
+def add_parsers(sub) -> dict[str, Callable]:
+    lm = sub.add_parser("lm", help="language models: prepare, train, eval, generate, speed (Transformer-XL, vanilla)")
+    verbs = lm.add_subparsers(dest="lm_verb", required=True, metavar="LM_VERB")
+
+    p = verbs.add_parser("prepare", help="learn a vocabulary and encode a text corpus into id streams")
+    p.add_argument("--train", required=True, help="training text (plain or .gz)")
+    p.add_argument("--valid", help="validation text")
+    p.add_argument("--test", help="test text")
+    p.add_argument("--valid-fraction", type=float, default=0.0,
+                   help="without --valid: hold out this final fraction of the training text (e.g. 0.1)")
+    p.add_argument("--level", choices=["char", "word", "subword"], default="char",
+                   help="char: every character; word: whitespace tokens + <eos> per line; subword: sentencepiece")
+    p.add_argument("--vocab-size", type=int, default=8000, help="subword level only")
+    p.add_argument("--out", required=True, help="folder for corpus.safetensors")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output folder")
+
+    t = verbs.add_parser("train", help="train a Transformer-XL or vanilla LM on a prepared corpus")
+    t.set_defaults(takes_overrides=True)
+    t.add_argument("--data", required=True, help="folder written by `attnkit lm prepare`")
+    t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
+    t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
+                   help=f"YAML preset or file; repeat to layer (default: {DEFAULT_PRESET}; with --resume: the run's)")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.safetensors")
+    t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    e = verbs.add_parser("eval", help="loss, perplexity, bits per character and tokens/s of a checkpoint")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--data", required=True, help="prepared corpus folder")
+    e.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    e.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval length)")
+    e.add_argument("--mem-len", type=int, help="XL memory length (default: the run's eval memory)")
+    e.add_argument("--clamp-len", type=int, help="clamp relative distances (default: the run's)")
+    e.add_argument("--batch-size", type=int, default=1, help="parallel streams (1 = one continuous stream)")
+    e.add_argument("--sliding-window", type=int, default=0, metavar="W",
+                   help="also score with the Al-Rfou sliding window of W tokens (one prediction per window)")
+    e.add_argument("--max-tokens", type=int, default=0, help="score only the first N tokens (0 = all)")
+    e.add_argument("--device", default="auto")
+
+    g = verbs.add_parser("generate", help="sample text, carrying the XL memory forward one token per step")
+    g.add_argument("--checkpoint", required=True)
+    g.add_argument("--prompt", default="", help="text to continue (default: start of a line)")
+    g.add_argument("--length", type=int, default=200, help="tokens to generate")
+    g.add_argument("--mem-len", type=int, help="XL memory / vanilla window (default: the run's eval memory)")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto")
+
+    s = verbs.add_parser("speed", help="per-token eval time: vanilla sliding window vs Transformer-XL, and the ratio")
+    s.set_defaults(takes_overrides=True)
+    s.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
+                   help="model preset (default: the LM workload, d 256, 4 heads, FFN 1024, 4 layers, vocab 256)")
+    s.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024], help="attention lengths")
+    s.add_argument("--runs", type=int, default=5, help="timed calls per measurement (median)")
+    s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    s.add_argument("--device", default="cpu")
+    return {"lm": cmd_lm}
+
+
+def cmd_lm(args: argparse.Namespace, overrides: list[str]) -> None:
+    {"prepare": cmd_prepare, "train": cmd_train, "eval": cmd_eval, "generate": cmd_generate,
+     "speed": cmd_speed}[args.lm_verb](args, overrides)
+
+
+def cmd_prepare(args, overrides: list[str]) -> None:
+    from attnkit.data.lm import prepare_lm
+
+    corpus = prepare_lm(args.out, args.train, args.valid, args.test, level=args.level, vocab_size=args.vocab_size,
+                        valid_fraction=args.valid_fraction, force=args.force)
+    print(corpus.summary())
+    print(f"wrote {args.out}")
+
+
+def cmd_train(args, overrides: list[str]) -> None:
+    from pathlib import Path
+
+    from attnkit import config as cfgmod
+    from attnkit.train.checkpoint import load_checkpoint
+    from attnkit.train.lm_trainer import LMTrainer
+
+    last = Path(args.out) / "checkpoints" / "last.safetensors"
+    if args.resume and not args.config and last.exists():
+        data = cfgmod.apply_overrides(cfgmod.to_dict(load_checkpoint(last).config), overrides)
+        cfg = cfgmod.from_dict(cfgmod.LMRunConfig, data)
+    else:
+        cfg = cfgmod.resolve(args.config or [DEFAULT_PRESET], overrides, cls=cfgmod.LMRunConfig)
+    trainer = LMTrainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet)
+    metrics = trainer.fit()
+    print(" | ".join(f"{k} {v:.4f}" for k, v in metrics.items()) or "no validation split: no metrics")
+    print(f"checkpoints: {trainer.last_path.parent}")
+
+
+def cmd_eval(args, overrides: list[str]) -> None:
+    from attnkit.data.lm import load_lm_corpus
+    from attnkit.errors import AttnkitError
+    from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window, load_lm_checkpoint
+    from attnkit.runtime import resolve_device
+
+    device = resolve_device(args.device)
+    model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
+    corpus = load_lm_corpus(args.data)
+    if corpus.vocab.to_json() != vocab.to_json():
+        raise AttnkitError(f"{args.data} was prepared with another vocabulary than {args.checkpoint}")
+    if args.split not in corpus.splits:
+        raise AttnkitError(f"{args.data} has no {args.split} split")
+    ids, t = corpus.splits[args.split], cfg.train
+    tgt_len, mem_len = t.eval_lengths
+    tgt_len = args.tgt_len or tgt_len
+    mem_len = mem_len if args.mem_len is None else args.mem_len
+    clamp_len = t.clamp_len if args.clamp_len is None else args.clamp_len
+    scores = evaluate_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                               batch_size=args.batch_size, max_tokens=args.max_tokens, device=device)
+    memory = f", mem_len {mem_len}, clamp_len {clamp_len}" if model.kind == "transformer-xl" else ""
+    print(f"{model.kind} on {args.split}, segments of {tgt_len}{memory}: {scores.summary()}")
+    if args.sliding_window:
+        window = evaluate_sliding_window(model, ids, window=args.sliding_window, max_tokens=args.max_tokens,
+                                         device=device)
+        print(f"{model.kind} on {args.split}, sliding window of {args.sliding_window}: {window.summary()}")
+
+
+def cmd_generate(args, overrides: list[str]) -> None:
+    import torch
+
+    from attnkit.eval.lm import load_lm_checkpoint
+    from attnkit.models.transformer_xl import generate
+    from attnkit.runtime import resolve_device
+
+    device = resolve_device(args.device)
+    model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
+    ids = vocab.encode([args.prompt])
+    prompt = torch.as_tensor(ids[:-1] if len(ids) > 1 else ids, dtype=torch.long, device=device)[None]  # (1, P)
+    mem_len = cfg.train.eval_lengths[1] if args.mem_len is None else args.mem_len
+    if model.kind == "vanilla-lm" and mem_len <= 0:
+        mem_len = cfg.train.tgt_len
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    out = generate(model, prompt, args.length, mem_len=mem_len, clamp_len=cfg.train.clamp_len,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+    print(args.prompt + vocab.decode(out[0].tolist()))
+
+
+def cmd_speed(args, overrides: list[str]) -> None:
+    import torch
+
+    from attnkit import config as cfgmod
+    from attnkit.eval.lm import format_speed_table, speed_table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = cfgmod.resolve(args.config, overrides, cls=cfgmod.LMRunConfig)
+    rows = speed_table(cfg.model, tuple(args.lengths), runs=args.runs, device=args.device)
+    print(f"evaluation time per token, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
+          f"{torch.get_num_threads()} threads, {args.device}")
+    print(format_speed_table(rows))

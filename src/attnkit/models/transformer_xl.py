@@ -1,0 +1,197 @@
+"""Language models: Transformer-XL (Dai et al. 2019) and its baseline, the vanilla Transformer LM (Al-Rfou et al. 2018).
+
+B batch (parallel streams), T segment length, M memory length, S = M + T attention length, D model dim,
+H heads, V vocabulary, L layers.
+
+Both share one interface: `forward(x, mems=None) -> (logits, new_mems)`, where `mems` is an explicit
+list of L tensors (B, M, D) — the inputs of each layer over the previous segment(s) — and new_mems is
+that list updated with this segment and cut to the last `mem_len` positions. Memory is never stored
+on the module, so the caller decides what carries over (ordered training streams, evaluation with a
+longer memory, sampling one token at a time). `need_weights=True` adds the attention weights per layer.
+
+- TransformerXL: segment-level recurrence (section 3.2: each layer attends over the stop-gradient
+  memory + the segment) and relative positions (section 3.3, `RelativeMultiHeadAttention`).
+- VanillaLM: absolute sinusoidal positions and causal self-attention over one segment; trained on
+  independent segments, it returns no memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnkit.config import TransformerXLConfig
+from attnkit.nn import Dropout, EncoderLayer, FeedForward, SinusoidalPositions, causal_mask, sinusoid_table
+from attnkit.nn.layers import Residual
+from attnkit.nn.relative import RelativeMultiHeadAttention
+
+Mems = list[torch.Tensor]  # L tensors (B, M, D)
+
+
+class XLLayer(nn.Module):
+    """Relative self-attention over memory + segment, then the FFN, each in a residual block."""
+
+    def __init__(self, c: TransformerXLConfig):
+        super().__init__()
+        self.attn = RelativeMultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.dropout)
+        self.attn_block = Residual(c.d_model, c.dropout, c.norm_first)
+        self.ffn_block = Residual(c.d_model, c.dropout, c.norm_first)
+
+    def forward(self, x: torch.Tensor, mem: torch.Tensor | None, pos: torch.Tensor, *, mask: torch.Tensor,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, D), mem (B, M, D) or None, pos (S, D), mask (T, S) -> (B, T, D), weights (B, H, T, S)."""
+        weights = None
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal weights
+            # Pre-LN normalises the memory with the same LayerNorm as the segment (the XL reference's pre_lnorm).
+            m = self.attn_block.norm(mem) if mem is not None and self.attn_block.norm_first else mem
+            out, weights = self.attn(h, m, pos, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self.attn_block(x, attend)
+        return self.ffn_block(x, self.ffn), weights
+
+
+class _LanguageModel(nn.Module):
+    """What both LMs share: scaled token embedding, dropout, final norm and the (tied) output layer."""
+
+    kind = ""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_scale = math.sqrt(c.d_model)  # as in both reference implementations
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        nn.init.normal_(self.embed.weight, std=c.d_model**-0.5)  # unit variance after scaling
+        self.dropout = Dropout(c.dropout)
+        self.final_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()  # post-LN is normalised
+        self.out_proj = None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.out_bias = nn.Parameter(torch.zeros(c.vocab_size))
+
+    @classmethod
+    def from_config(cls, config: TransformerXLConfig) -> _LanguageModel:
+        if config.kind != cls.kind:
+            raise ValueError(f"{cls.__name__} is built from kind {cls.kind!r}, not {config.kind!r}")
+        return cls(config)
+
+    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(x) * self.embed_scale  # (B, T) -> (B, T, D)
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, T, D) -> logits (B, T, V)."""
+        weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
+        return F.linear(self.dropout(self.final_norm(h)), weight, self.out_bias)
+
+
+class TransformerXL(_LanguageModel):
+    kind = "transformer-xl"
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        self.layers = nn.ModuleList(XLLayer(config) for _ in range(config.n_layers))
+
+    def relative_positions(self, s: int, clamp_len: int, device: torch.device) -> torch.Tensor:
+        """(S, D) sinusoids of the distances S-1 .. 0, clamped to clamp_len when it is > 0."""
+        dist = torch.arange(s - 1, -1, -1, device=device)  # (S,)
+        if clamp_len > 0:
+            dist = dist.clamp(max=clamp_len)
+        table = sinusoid_table(int(dist.max()) + 1, self.config.d_model)  # (max distance + 1, D)
+        table = table.to(device=device, dtype=self.embed.weight.dtype)
+        return table[dist]  # (S, D)
+
+    def attention_mask(self, t: int, m: int, mem_len: int, device: torch.device) -> torch.Tensor:
+        """(T, S) True = may attend: causal over memory + segment; with same_length, at most mem_len keys."""
+        keep = causal_mask(t, m + t, device)  # every memory position precedes every query
+        if self.config.same_length and mem_len > 0:
+            # distance i - j of query i (absolute position m + i) to key j must stay below mem_len
+            dist = torch.arange(m, m + t, device=device)[:, None] - torch.arange(m + t, device=device)  # (T, S)
+            keep = keep & (dist < mem_len)
+        return keep
+
+    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, mem_len: int = 0, clamp_len: int = 0,
+                need_weights: bool = False):
+        """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V), new mems L x (B, min(mem_len, M+T), D)
+        [, weights L x (B, H, T, S) when need_weights]."""
+        mems = mems or None
+        t, m = x.size(1), 0 if mems is None else mems[0].size(1)
+        h = self.dropout(self.embed_tokens(x))
+        pos = self.dropout(self.relative_positions(m + t, clamp_len, x.device))
+        mask = self.attention_mask(t, m, mem_len, x.device)
+        inputs, weights = [], []
+        for i, layer in enumerate(self.layers):
+            inputs.append(h)
+            h, w = layer(h, None if mems is None else mems[i], pos, mask=mask, need_weights=need_weights)
+            weights.append(w)
+        logits = self.project(h)
+        new_mems = self.update_mems(mems, inputs, mem_len)
+        return (logits, new_mems, weights) if need_weights else (logits, new_mems)
+
+    @staticmethod
+    def update_mems(mems: Mems | None, inputs: Mems, mem_len: int) -> Mems:
+        """The last mem_len positions of concat(memory, segment) per layer, cut from the graph (section 3.2: SG)."""
+        if mem_len <= 0:
+            return []
+        with torch.no_grad():
+            if mems is None:
+                return [h[:, -mem_len:].detach() for h in inputs]
+            return [torch.cat([old, h], dim=1)[:, -mem_len:].detach() for old, h in zip(mems, inputs)]  # (B, M', D)
+
+
+class VanillaLM(_LanguageModel):
+    """The absolute-position causal Transformer LM; it has no memory (`new_mems` is always empty)."""
+
+    kind = "vanilla-lm"
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        c = config
+        self.positions = SinusoidalPositions(c.d_model, c.max_positions)
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
+                         activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first)
+            for _ in range(c.n_layers))
+
+    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, mem_len: int = 0, clamp_len: int = 0,
+                need_weights: bool = False):
+        """x (B, T) -> logits (B, T, V), [] [, weights L x (B, H, T, T)]. mems, mem_len, clamp_len are ignored."""
+        h = self.dropout(self.positions(self.embed_tokens(x)))
+        mask = causal_mask(x.size(1), device=x.device)  # (T, T)
+        weights = []
+        for layer in self.layers:
+            h, w = layer(h, mask=mask, need_weights=need_weights)
+            weights.append(w)
+        logits = self.project(h)
+        return (logits, [], weights) if need_weights else (logits, [])
+
+
+@torch.no_grad()
+def generate(model: _LanguageModel, prompt: torch.Tensor, n_new: int, *, mem_len: int, clamp_len: int = 0,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample n_new tokens after prompt (B, P) -> (B, n_new).
+
+    Transformer-XL reads the prompt once, then feeds one token per step with its memory of mem_len
+    (each new token costs one step, not a recomputation; the context is the memory). The vanilla LM
+    has no memory: every step recomputes its last mem_len tokens (its attention window).
+    """
+    from attnkit.decode.greedy import filter_logits
+
+    model.eval()
+    xl = isinstance(model, TransformerXL)
+    logits, mems = model(prompt[:, -mem_len:] if not xl else prompt, None, mem_len=mem_len, clamp_len=clamp_len)
+    context, out = prompt, []
+    for _ in range(n_new):
+        probs = filter_logits(logits[:, -1].float() / max(temperature, 1e-6), top_k, top_p).softmax(-1)  # (B, V)
+        token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+        out.append(token)
+        if xl:
+            logits, mems = model(token, mems, mem_len=mem_len, clamp_len=clamp_len)
+        else:
+            context = torch.cat([context, token], dim=1)[:, -mem_len:]  # (B, <= W)
+            logits, _ = model(context)
+    return torch.cat(out, dim=1)

@@ -1,0 +1,213 @@
+"""`attnkit plot WHAT`: the pictures of attnkit.viz, one sub-verb each.
+
+attention (PNG grids, --html page, --stats), positions, schedule, curves, softmax, report.
+Every output goes to --out and is never overwritten without --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from attnkit.errors import AttnkitError
+
+HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
+
+
+def add_parsers(sub) -> dict[str, Callable]:
+    p = sub.add_parser("plot", help="pictures: attention, positions, schedule, curves, softmax, report")
+    what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+
+    a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
+    a.add_argument("--checkpoint", required=True)
+    a.add_argument("--src", help="a source sentence")
+    a.add_argument("--tgt", help="its target (default: the model's greedy translation)")
+    a.add_argument("--layer", default="all", help="layer number (1-based, -1 = last) or all (default)")
+    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "all"],
+                   help="encoder self, decoder masked self, encoder-decoder, or all three (default)")
+    a.add_argument("--html", action="store_true", help="one interactive self-contained HTML page instead of PNGs")
+    a.add_argument("--stats", action="store_true",
+                   help="print per layer the share of target tokens attending near the diagonal (needs --src-file)")
+    a.add_argument("--src-file", help="source sentences, one per line (for --stats or --html)")
+    a.add_argument("--tgt-file", help="their targets (default: greedy translations)")
+    a.add_argument("--out", help="output file (default attention.png / attention.html); with several kinds "
+                                 "the kind is added to the name")
+    a.add_argument("--device", default="cpu")
+    a.add_argument("--force", action="store_true", help="overwrite existing outputs")
+
+    pos = what.add_parser("positions", help="the sinusoidal positional encoding and its offset dot products")
+    pos.add_argument("--d-model", type=int, default=128)
+    pos.add_argument("--positions", type=int, default=100)
+    _out(pos, "positions.png")
+
+    s = what.add_parser("schedule", help="the learning-rate curve of a configured schedule")
+    s.set_defaults(takes_overrides=True)
+    s.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
+                   help="YAML preset or file, as for `attnkit train` (default: the paper's Noam schedule)")
+    s.add_argument("--schedule", choices=["noam", "inverse_sqrt", "cosine", "constant"])
+    s.add_argument("--lr", type=float, help="peak learning rate")
+    s.add_argument("--warmup", type=int)
+    s.add_argument("--d-model", type=int)
+    s.add_argument("--total", type=int, help="train.max_steps: the cosine horizon")
+    s.add_argument("--steps", type=int, default=0, help="updates to draw (default: max_steps or 10 x warmup)")
+    _out(s, "schedule.png")
+
+    c = what.add_parser("curves", help="loss / ppl / BLEU and lr of run folders against steps and wall-clock")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    c.add_argument("--x", choices=["step", "time", "both"], default="both")
+    _out(c, "curves.png")
+
+    sm = what.add_parser("softmax", help="why scores are divided by sqrt(d_k)")
+    sm.add_argument("--max-dk", type=int, default=1024)
+    sm.add_argument("--keys", type=int, default=32, help="keys per query")
+    sm.add_argument("--samples", type=int, default=1000)
+    sm.add_argument("--seed", type=int, default=0)
+    _out(sm, "softmax.png")
+
+    r = what.add_parser("report", help="report.html of a run folder")
+    r.add_argument("run", metavar="RUN_DIR")
+    r.add_argument("--data", help="the prepared data folder, for sample translations")
+    r.add_argument("--samples", type=int, default=3)
+    r.add_argument("--out", help="default RUN_DIR/report.html")
+    r.add_argument("--force", action="store_true", help="overwrite an existing report")
+    return {"plot": cmd_plot}
+
+
+def _out(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--out", default=default, help=f"output file (default {default})")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+
+
+def cmd_plot(args, overrides: list[str]) -> None:
+    if overrides and args.what != "schedule":
+        raise AttnkitError(f"config overrides ({overrides[0]}) only apply to `plot schedule`")
+    PLOTS[args.what](args, overrides)
+
+
+def _new(path: str | Path, force: bool) -> Path:
+    from attnkit.io import ensure_new_output
+
+    return ensure_new_output(path, force, "output file")
+
+
+# --- attention --------------------------------------------------------------------------------
+def _sentences(args) -> tuple[list[str], list[str] | None]:
+    from attnkit.data import read_lines, read_parallel
+
+    if args.src_file:
+        if args.tgt_file:
+            src, tgt = read_parallel(args.src_file, args.tgt_file)
+            return src, tgt
+        return read_lines(args.src_file), None
+    if args.src is None:
+        raise AttnkitError("plot attention: give --src \"a sentence\" (or --src-file F)")
+    return [args.src], None if args.tgt is None else [args.tgt]
+
+
+def plot_attention_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.attention import KIND_NAMES, load_views
+
+    if args.stats:
+        return attention_stats_cmd(args)
+    sources, targets = _sentences(args)
+    if args.html:
+        out = _new(args.out or "attention.html", args.force)
+        from attnkit.viz.html import attention_html
+
+        n = min(len(sources), HTML_SENTENCES)
+        views = load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n], args.device)
+        attention_html(views, out, title=f"attention of {Path(args.checkpoint).name}")
+        print(f"wrote {out} ({n} sentence{'s' * (n > 1)})")
+        return
+    view = load_views(args.checkpoint, sources[:1], None if targets is None else targets[:1], args.device)[0]
+    kinds = list(view.maps) if args.kind == "all" else [KIND_NAMES[args.kind]]
+    outs = _kind_paths(Path(args.out or "attention.png"), kinds)
+    for out in outs.values():
+        _new(out, args.force)
+    from attnkit.viz.attention import plot_attention
+
+    print(f"source: {view.source}\noutput: {view.output}")
+    for kind, out in outs.items():
+        plot_attention(view, kind, out, args.layer)
+        print(f"wrote {out}")
+
+
+def _kind_paths(out: Path, kinds: list[str]) -> dict[str, Path]:
+    if len(kinds) == 1:
+        return {kinds[0]: out}
+    return {k: out.with_name(f"{out.stem}-{k}{out.suffix or '.png'}") for k in kinds}
+
+
+def attention_stats_cmd(args) -> None:
+    from attnkit.viz.attention import load_views
+    from attnkit.viz.stats import diagonal_stats
+
+    if args.html:
+        raise AttnkitError("--stats prints a table; draw the --html page in a separate call")
+    sources, targets = _sentences(args)
+    views = load_views(args.checkpoint, sources, targets, args.device)
+    print(f"targets: {'--tgt-file' if targets is not None else 'greedy translations'}")
+    print(diagonal_stats(views, "cross").table())
+
+
+# --- the other pictures -----------------------------------------------------------------------
+def plot_positions_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.positions import plot_positions
+
+    plot_positions(_new(args.out, args.force), args.d_model, args.positions)
+    print(f"wrote {args.out}")
+
+
+def schedule_from_args(args, overrides: list[str]):
+    """(schedule function, resolved run config) from presets, explicit options and dotted overrides."""
+    from attnkit import config as cfgmod
+    from attnkit.train.schedules import make_schedule
+
+    explicit = {"train.schedule": args.schedule, "train.lr": args.lr, "train.warmup": args.warmup,
+                "model.d_model": args.d_model, "train.max_steps": args.total}
+    overrides = list(overrides) + [f"{k}={v}" for k, v in explicit.items() if v is not None]
+    cfg = cfgmod.resolve(args.config, overrides)
+    t = cfg.train
+    return make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=t.max_steps), cfg
+
+
+def plot_schedule_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.curves import plot_schedule
+
+    fn, cfg = schedule_from_args(args, overrides)
+    t = cfg.train
+    steps = args.steps or t.max_steps or 10 * t.warmup
+    title = (f"{t.schedule}: lr {'d_model^-0.5 (paper)' if t.lr is None else t.lr}, warmup {t.warmup}, "
+             f"d_model {cfg.model.d_model}")
+    plot_schedule(fn, steps, _new(args.out, args.force), title=title)
+    print(f"wrote {args.out}")
+
+
+def plot_curves_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.curves import plot_curves
+
+    x_axes = ("step", "time") if args.x == "both" else (args.x,)
+    plot_curves(args.runs, _new(args.out, args.force), x_axes=x_axes)
+    print(f"wrote {args.out}")
+
+
+def plot_softmax_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.softmax import plot_softmax
+
+    if args.max_dk < 1 or args.keys < 2 or args.samples < 2:
+        raise AttnkitError("plot softmax: --max-dk >= 1, --keys >= 2 and --samples >= 2")
+    d_ks = tuple(2**i for i in range(args.max_dk.bit_length()))
+    plot_softmax(_new(args.out, args.force), d_ks, args.keys, args.samples, args.seed)
+    print(f"wrote {args.out}")
+
+
+def plot_report_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.report import write_report
+
+    out = _new(args.out or Path(args.run) / "report.html", args.force)
+    print(f"wrote {write_report(args.run, out, data_dir=args.data, n_samples=args.samples)}")
+
+
+PLOTS = {"attention": plot_attention_cmd, "positions": plot_positions_cmd, "schedule": plot_schedule_cmd,
+         "curves": plot_curves_cmd, "softmax": plot_softmax_cmd, "report": plot_report_cmd}

@@ -1,0 +1,220 @@
+"""The training loop for language models: ordered segments -> loss -> Adam + schedule -> evaluate -> checkpoints.
+
+B streams, T segment length (tgt_len), M memory length (mem_len), V vocabulary.
+
+The training corpus is read as B parallel streams in segments of T (attnkit.data.lm.LMStreams); a
+Transformer-XL carries its memory (detached, the last M hidden states per layer) from one update to the
+next, the vanilla LM sees every segment on its own. A pass over the corpus is an epoch; the memory
+starts empty at the beginning of each pass. With `accumulate` = k, one update covers k consecutive
+segments (the memory flows through all of them).
+
+A run folder holds config.yaml, checkpoints/{last,best}.safetensors, metrics.csv, train.log and
+tensorboard/, as for translation. The LM vocabulary is stored in every checkpoint as the tokenizer blob
+`lm_vocab`, so a checkpoint evaluates and generates on its own.
+
+Resuming (`resume=True`) restores the weights, optimizer, schedule position, RNG and the stream
+position (epoch + next segment), but not the memory: the first segment after a resume starts with an
+empty memory, as the first segment of every pass does. Memory would cost L x B x M x D floats per
+checkpoint (50 MB for the LM workload); one segment without context is a negligible perturbation. A run
+resumed at a pass boundary (or a vanilla run anywhere) ends with the same parameters as training straight.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from attnkit import config as cfgmod
+from attnkit.data.lm import LMStreams, load_lm_corpus
+from attnkit.errors import AttnkitError, ConfigError
+from attnkit.eval.lm import evaluate_segments, token_nll
+from attnkit.io import atomic_write_text, ensure_writable_dir
+from attnkit.models import build_model
+from attnkit.runtime import autocast, configure_backends, resolve_device, seed_everything
+from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from attnkit.train.metrics_log import MetricsLog
+from attnkit.train.schedules import make_schedule
+
+MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
+VOCAB_BLOB = "lm_vocab"  # the checkpoint's tokenizer entry holding the LMVocab
+
+
+@dataclass
+class LMTrainState:
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # passes over the training streams completed
+    segment: int = 0  # next segment of the current pass
+    elapsed_s: float = 0.0  # wall-clock spent training, across resumes
+    best: float | None = None  # best validation loss so far
+    skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
+
+
+class LMTrainer:
+    def __init__(self, cfg: cfgmod.LMRunConfig, data_dir: str | Path, run_dir: str | Path, *,
+                 resume: bool = False, force: bool = False, progress: bool = True):
+        self.run_dir = ensure_writable_dir(run_dir)
+        self.last_path = self.run_dir / "checkpoints" / "last.safetensors"
+        self.best_path = self.run_dir / "checkpoints" / "best.safetensors"
+        if self.last_path.exists() and not (resume or force):
+            raise AttnkitError(f"{self.run_dir} already holds a run; pass --resume to continue it "
+                               "or --force to start over")
+        t = cfg.train
+        if not (t.max_steps or t.max_minutes):
+            raise ConfigError("set a budget: train.max_steps or train.max_minutes")
+        self.progress = progress
+        self.corpus = load_lm_corpus(data_dir)
+        self.cfg = cfgmod.replace(cfg, model=cfgmod.replace(cfg.model, vocab_size=self.corpus.vocab.vocab_size))
+        self.device = resolve_device(t.device)
+        configure_backends(self.device)
+        seed_everything(t.seed)
+        self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
+                                          weight_decay=t.weight_decay, fused=self.device.type in ("cpu", "cuda"))
+        self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
+                                      total=t.max_steps)
+        self.streams = LMStreams(self.corpus.splits["train"], t.batch_size, t.tgt_len)
+        self.mems: list[torch.Tensor] | None = None
+        self.state = LMTrainState()
+        if resume and self.last_path.exists():
+            self._restore(load_checkpoint(self.last_path))
+        atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfgmod.to_dict(self.cfg), sort_keys=False))
+        self.log = MetricsLog(self.run_dir, resume_step=self.state.step if resume else None)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def save(self, path: Path, *, full: bool = True) -> None:
+        save_checkpoint(path, Checkpoint(
+            kind=self.model.kind, config=self.cfg, model_state=self.model.state_dict(),
+            tokenizers={VOCAB_BLOB: self.corpus.vocab.to_bytes()}, train_state=asdict(self.state),
+            optimizer_state=self.optimizer.state_dict() if full else None,
+            rng_state=torch.get_rng_state() if full else None))
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        if ckpt.kind != self.model.kind:
+            raise AttnkitError(f"{self.last_path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
+        self.model.load_state_dict(ckpt.model_state)
+        if ckpt.optimizer_state is not None:
+            self.optimizer.load_state_dict(ckpt.optimizer_state)
+        if ckpt.rng_state is not None:
+            torch.set_rng_state(ckpt.rng_state)
+        self.state = LMTrainState(**ckpt.train_state)
+        self.mems = None  # memory-free restart, see the module docstring
+
+    # --- one update -------------------------------------------------------------------------
+    def _next_segments(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Up to `accumulate` consecutive segments of the current pass."""
+        end = min(self.state.segment + self.cfg.train.accumulate, len(self.streams))
+        group = [self.streams.batch(tau) for tau in range(self.state.segment, end)]
+        self.state.segment = end
+        return group
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer update over the next segment(s); loss normalised per predicted token."""
+        t = self.cfg.train
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        group = self._next_segments()
+        n_tokens = sum(y.numel() for _, y in group)
+        total = 0.0
+        for x, y in group:
+            with autocast(self.device, t.dtype):
+                logits, self.mems = self.model(x.to(self.device), self.mems, mem_len=t.mem_len,
+                                               clamp_len=t.clamp_len)  # (B, T, V)
+            nll = token_nll(logits, y.to(self.device))
+            (nll / n_tokens).backward()
+            total += nll.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
+        lr = self.schedule(self.state.step + 1)
+        if not (math.isfinite(total) and torch.isfinite(grad_norm)):
+            self._skip_update()
+        else:
+            for group_ in self.optimizer.param_groups:
+                group_["lr"] = lr
+            self.optimizer.step()
+            self.state.skipped = 0
+        self.state.step += 1
+        if self.state.segment >= len(self.streams):  # end of a pass: start again with an empty memory
+            self.state.epoch, self.state.segment, self.mems = self.state.epoch + 1, 0, None
+        return {"loss": total / n_tokens, "lr": lr, "tokens": n_tokens}
+
+    def _skip_update(self) -> None:
+        self.state.skipped += 1
+        self.log.say(f"step {self.state.step + 1}: non-finite loss or gradient, update skipped "
+                     f"({self.state.skipped} in a row)")
+        if self.state.skipped >= MAX_BAD_STEPS:
+            raise AttnkitError(f"{MAX_BAD_STEPS} non-finite updates in a row: stopping; the last good "
+                               f"checkpoint is {self.last_path}")
+
+    # --- evaluation -------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss / ppl / bpc with the evaluation lengths (eval_tgt_len, eval_mem_len, clamp_len)."""
+        valid = self.corpus.splits.get("valid")
+        if valid is None:
+            return {}
+        t = self.cfg.train
+        tgt_len, mem_len = t.eval_lengths
+        scores = evaluate_segments(self.model, valid, tgt_len=tgt_len, mem_len=mem_len, clamp_len=t.clamp_len,
+                                   batch_size=t.eval_batch_size, max_tokens=t.eval_max_tokens, device=self.device,
+                                   dtype=t.dtype)
+        return {"loss": scores.loss, "ppl": scores.ppl, "bpc": scores.bpc, "tok_s": scores.tok_s}
+
+    def _checkpoint(self, metrics: dict[str, float]) -> None:
+        if metrics:
+            self.log.write("valid", self.state.step, epoch=self.state.epoch, elapsed_s=self.state.elapsed_s,
+                           loss=metrics["loss"], nll=metrics["loss"], ppl=metrics["ppl"], tok_s=metrics["tok_s"])
+            self.log.say(f"step {self.state.step} ({self.state.elapsed_s / 60:.1f} min): valid "
+                         + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+            if self.progress:
+                tqdm.write(f"step {self.state.step} | valid loss {metrics['loss']:.4f} | ppl {metrics['ppl']:.2f} "
+                           f"| bpc {metrics['bpc']:.4f}")
+            if self.state.best is None or metrics["loss"] < self.state.best:
+                self.state.best = metrics["loss"]
+                self.save(self.best_path, full=False)
+        self.save(self.last_path)
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _out_of_budget(self, eval_reserve: float) -> bool:
+        t = self.cfg.train
+        if t.max_steps and self.state.step >= t.max_steps:
+            return True
+        return bool(t.max_minutes) and self.state.elapsed_s + eval_reserve >= t.max_minutes * 60
+
+    def fit(self) -> dict[str, float]:
+        """Train until max_steps or the wall-clock budget; returns the last validation metrics."""
+        t = self.cfg.train
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.log.say(f"{'resuming' if self.state.step else 'starting'} at step {self.state.step} (epoch "
+                     f"{self.state.epoch}, segment {self.state.segment} of {len(self.streams)}); {n_params:,} "
+                     f"parameters on {self.device}; {self.corpus.summary()}")
+        clock = time.monotonic() - self.state.elapsed_s
+        bar = tqdm(total=t.max_steps or None, initial=self.state.step, desc=self.model.kind,
+                   disable=None if self.progress else True, dynamic_ncols=True, leave=False)
+        window_tokens, window_start, eval_reserve, metrics = 0, time.monotonic(), 0.0, {}
+        while not self._out_of_budget(eval_reserve):
+            stats = self.train_step()
+            self.state.elapsed_s = time.monotonic() - clock
+            window_tokens += stats["tokens"]
+            bar.update(1)
+            if self.state.step % t.log_every == 0:
+                tok_s = window_tokens / max(1e-9, time.monotonic() - window_start)
+                self.log.write("train", self.state.step, epoch=self.state.epoch, elapsed_s=self.state.elapsed_s,
+                               loss=stats["loss"], nll=stats["loss"], lr=stats["lr"], tok_s=tok_s)
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
+                window_tokens, window_start = 0, time.monotonic()
+            if self.state.step % t.eval_interval == 0 and not self._out_of_budget(eval_reserve):
+                eval_start = time.monotonic()
+                metrics = self.evaluate()
+                eval_reserve = time.monotonic() - eval_start
+                self._checkpoint(metrics)
+        bar.close()
+        metrics = self.evaluate()
+        self.state.elapsed_s = time.monotonic() - clock
+        self._checkpoint(metrics)
+        self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min")
+        self.log.close()
+        return metrics

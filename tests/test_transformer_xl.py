@@ -1,0 +1,267 @@
+"""Transformer-XL and the vanilla LM against naive references: relative scores, causality through memory,
+stop-gradient memory, segment recurrence vs full context, same_length / clamp_len, stream alignment,
+sliding-window evaluation, sampling with memory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnkit.config import TransformerXLConfig
+from attnkit.data.lm import LMStreams
+from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
+from attnkit.models import build_model
+from attnkit.models.transformer_xl import TransformerXL, generate
+from attnkit.nn import sinusoid_table
+from attnkit.nn.relative import RelativeMultiHeadAttention, rel_shift
+
+V = 11
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy machine its barriers cost seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(kind: str = "transformer-xl", **kw):
+    base = dict(kind=kind, vocab_size=V, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0)
+    torch.manual_seed(0)
+    return build_model(kind, TransformerXLConfig(**{**base, **kw})).double().eval()
+
+
+def tokens(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(V, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# --- relative attention -------------------------------------------------------------------------
+def test_rel_shift_moves_every_row_to_its_distances():
+    b, h, t, s = 2, 3, 4, 7
+    x = torch.randn(b, h, t, s, dtype=torch.float64)
+    shifted = rel_shift(x)
+    m = s - t
+    for i in range(t):
+        for j in range(m + i + 1):  # past and present keys; the future is masked anyway
+            assert torch.equal(shifted[:, :, i, j], x[:, :, i, t - 1 - i + j])  # column c holds distance S-1-c
+
+
+@pytest.mark.parametrize("mem", [0, 5])
+def test_relative_attention_equals_explicit_double_loop(mem):
+    torch.manual_seed(0)
+    d, n_heads, t, b = 12, 3, 4, 2
+    attn = RelativeMultiHeadAttention(d, n_heads).double().eval()
+    with torch.no_grad():  # non-trivial biases, so a swapped u / v shows
+        attn.r_w_bias.normal_()
+        attn.r_r_bias.normal_()
+    x = torch.randn(b, t, d, dtype=torch.float64)
+    memory = torch.randn(b, mem, d, dtype=torch.float64) if mem else None
+    s = mem + t
+    pos = torch.randn(s, d, dtype=torch.float64)  # row c: the "sinusoid" of distance S-1-c
+    mask = torch.ones(t, s, dtype=torch.bool).tril(diagonal=mem)
+    out, weights = attn(x, memory, pos, mask=mask, need_weights=True)
+
+    dh = d // n_heads
+    context = x if memory is None else torch.cat([memory, x], 1)
+    wq, wk, wv = attn.in_proj.weight.chunk(3, dim=0)
+    q = (x @ wq.T).view(b, t, n_heads, dh)
+    k = (context @ wk.T).view(b, s, n_heads, dh)
+    v = (context @ wv.T).view(b, s, n_heads, dh)
+    r = (pos @ attn.pos_proj.weight.T).view(s, n_heads, dh)
+    u, vb = attn.r_w_bias, attn.r_r_bias
+    scores = torch.full((b, n_heads, t, s), float("-inf"), dtype=torch.float64)
+    for i in range(t):
+        for j in range(mem + i + 1):
+            dist = mem + i - j
+            r_ij = r[s - 1 - dist]  # (H, Dh): W_{k,R} R_{i-j}
+            scores[:, :, i, j] = (((q[:, i] + u) * k[:, j]).sum(-1) + ((q[:, i] + vb) * r_ij).sum(-1)) / math.sqrt(dh)
+    ref_weights = scores.softmax(-1)
+    ref_out = torch.einsum("bhts,bshd->bthd", ref_weights, v).reshape(b, t, d) @ attn.out_proj.weight.T
+    torch.testing.assert_close(weights, ref_weights)
+    torch.testing.assert_close(out, ref_out)
+
+
+def test_relative_positions_and_clamp_len():
+    model = tiny()
+    s, d = 9, 16
+    table = sinusoid_table(s, d).double()
+    for clamp in (0, 3):
+        pos = model.relative_positions(s, clamp, torch.device("cpu"))
+        for c in range(s):
+            dist = s - 1 - c
+            expected = table[min(dist, clamp) if clamp else dist]
+            torch.testing.assert_close(pos[c].double(), expected)
+    x = tokens(1, 8)
+    full = model(x)[0]
+    torch.testing.assert_close(model(x, clamp_len=7)[0], full)  # clamp at the longest distance: no change
+    assert not torch.allclose(model(x, clamp_len=2)[0], full)
+
+
+def test_same_length_keeps_mem_len_keys_per_query():
+    model = tiny(same_length=True)
+    t, mem_len = 5, 3
+    _, mems = model(tokens(1, 6, seed=2), mem_len=mem_len)
+    _, _, weights = model(tokens(1, t), mems, mem_len=mem_len, need_weights=True)
+    for w in weights:  # (1, H, T, S), S = 3 + 5
+        for i in range(t):
+            for j in range(mem_len + t):
+                dist = mem_len + i - j
+                visible = 0 <= dist < mem_len
+                assert bool((w[0, :, i, j] > 0).all()) == visible, (i, j)
+    plain = tiny(same_length=False)
+    _, _, weights = plain(tokens(1, t), mems, mem_len=mem_len, need_weights=True)
+    assert bool((weights[0][0, :, -1] > 0).all())  # without same_length the last query sees every key
+
+
+# --- segment recurrence -------------------------------------------------------------------------
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_segments_with_enough_memory_equal_the_whole_sequence(n_layers):
+    model = tiny(n_layers=n_layers)
+    x = tokens(2, 12)
+    whole = model(x)[0].log_softmax(-1)
+    mems, parts = None, []
+    for start in range(0, 12, 4):
+        logits, mems = model(x[:, start : start + 4], mems, mem_len=8)
+        parts.append(logits.log_softmax(-1))
+    torch.testing.assert_close(torch.cat(parts, 1), whole)
+    # the evaluator does the same over an ordered stream
+    scores = evaluate_segments(model, x[0], tgt_len=4, mem_len=12, batch_size=1)
+    expected = -whole[0, :-1].gather(1, x[0, 1:, None]).sum().item()
+    assert scores.tokens == 11 and math.isclose(scores.nll, expected, rel_tol=1e-9)
+    # too short a memory loses context, so the comparison above is not vacuous
+    mems, parts = None, []
+    for start in range(0, 12, 4):
+        logits, mems = model(x[:, start : start + 4], mems, mem_len=2)
+        parts.append(logits.log_softmax(-1))
+    assert not torch.allclose(torch.cat(parts, 1), whole)
+
+
+def test_no_position_sees_the_future_even_through_memory():
+    model = tiny(n_layers=2)
+    first, second = tokens(1, 6, seed=3), tokens(1, 6, seed=4)
+    _, mems = model(first, mem_len=6)
+    logits, new_mems = model(second, mems, mem_len=8)
+    for k in range(6):
+        changed = second.clone()
+        changed[0, k] = (changed[0, k] + 1) % V
+        logits2, new_mems2 = model(changed, mems, mem_len=8)
+        torch.testing.assert_close(logits2[:, :k], logits[:, :k])
+        assert not torch.allclose(logits2[:, k:], logits[:, k:])
+        for m, m2 in zip(new_mems, new_mems2):  # memory positions 0, 1 are the old memory, 2 .. 7 this segment
+            torch.testing.assert_close(m2[:, : 2 + k], m[:, : 2 + k])
+    # a change in the previous segment reaches every position of the next one through the memory
+    changed = first.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % V
+    _, mems2 = model(changed, mem_len=6)
+    assert not torch.allclose(model(second, mems2, mem_len=8)[0][:, 0], logits[:, 0])
+
+
+def test_no_gradient_flows_into_the_memory():
+    model = tiny(tie_output=False).float().train()
+    first = torch.arange(0, 5).repeat(2, 2)[:, :8]  # tokens 0 .. 4 only
+    second = torch.arange(5, 10).repeat(2, 2)[:, :8]  # tokens 5 .. 9 only
+    _, mems = model(first, mem_len=8)
+    assert all(not m.requires_grad and m.grad_fn is None for m in mems)
+    logits, _ = model(second, mems, mem_len=8)
+    logits.logsumexp(-1).sum().backward()
+    grad = model.embed.weight.grad
+    assert grad[:5].abs().max() == 0  # segment 1's embeddings reach the loss only through the memory
+    assert (grad[5:10].abs().sum(-1) > 0).all()
+
+
+def test_memory_keeps_the_last_mem_len_layer_inputs():
+    model = tiny()
+    a, b = tokens(2, 5, seed=5), tokens(2, 5, seed=6)
+    _, mems = model(a, mem_len=7)
+    assert [tuple(m.shape) for m in mems] == [(2, 5, 16)] * 2
+    _, mems2 = model(b, mems, mem_len=7)
+    assert [tuple(m.shape) for m in mems2] == [(2, 7, 16)] * 2
+    torch.testing.assert_close(mems2[0][:, :2], mems[0][:, 3:])  # the oldest positions drop out first
+    torch.testing.assert_close(mems2[0][:, 2:], model.embed_tokens(b))  # layer 0's input: the embeddings
+    assert model(b, mems, mem_len=0)[1] == []
+
+
+# --- ordered streams ------------------------------------------------------------------------------
+def test_ordered_batches_are_stream_aligned_and_so_is_the_memory():
+    n, b, t = 103, 4, 6
+    ids = torch.arange(n)
+    streams = LMStreams(ids, b, t)
+    per_stream = n // b
+    assert len(streams) == math.ceil((per_stream - 1) / t)
+    seen = []
+    for tau, (x, y) in enumerate(streams):
+        start = tau * t
+        for row in range(b):
+            expected = torch.arange(row * per_stream + start, row * per_stream + start + x.size(1))
+            assert torch.equal(x[row], expected)
+            assert torch.equal(y[row], expected + 1)
+        seen.append(x)
+    for prev, nxt in zip(seen, seen[1:]):
+        assert torch.equal(nxt[:, 0], prev[:, -1] + 1)  # segment tau + 1 of row b continues segment tau of row b
+    assert sum(x.numel() for x in seen) == streams.n_tokens
+
+    model = tiny(vocab_size=n)
+    stream_ids = torch.randint(n, (n,), generator=torch.Generator().manual_seed(0))
+    streams, mems, previous = LMStreams(stream_ids, b, t), None, None
+    for x, _ in streams:
+        if previous is not None:  # the memory row b holds segment tau of stream b (layer 0: its embeddings)
+            torch.testing.assert_close(mems[0], model.embed_tokens(previous))
+        _, mems = model(x, mems, mem_len=t)
+        previous = x
+
+
+# --- vanilla LM ---------------------------------------------------------------------------------
+def test_vanilla_sliding_window_equals_the_per_token_loop():
+    model = tiny("vanilla-lm")
+    ids = tokens(30, seed=7)
+    window = 8
+    scores = evaluate_sliding_window(model, ids, window=window, batch_size=5)
+    nll = 0.0
+    for p in range(1, ids.numel()):
+        context = ids[max(0, p - window) : p]
+        nll -= model(context[None])[0][0, -1].log_softmax(-1)[ids[p]].item()
+    assert scores.tokens == 29
+    assert math.isclose(scores.nll, nll, rel_tol=1e-9)
+    capped = evaluate_sliding_window(model, ids, window=window, batch_size=3, max_tokens=12)
+    assert capped.tokens == 12
+
+
+def test_vanilla_is_causal_and_memoryless():
+    model = tiny("vanilla-lm")
+    x = tokens(1, 9, seed=8)
+    logits, mems = model(x)
+    assert mems == []
+    changed = x.clone()
+    changed[0, 5] = (changed[0, 5] + 1) % V
+    torch.testing.assert_close(model(changed)[0][:, :5], logits[:, :5])
+    assert not torch.allclose(model(changed)[0][:, 5:], logits[:, 5:])
+
+
+# --- sampling -------------------------------------------------------------------------------------
+def test_sampling_with_memory_equals_sampling_with_recomputation():
+    model = tiny()
+    prompt = tokens(1, 4, seed=9)
+    n_new = 10
+    fast = generate(model, prompt, n_new, mem_len=32, top_k=5, generator=torch.Generator().manual_seed(3))
+    g, context = torch.Generator().manual_seed(3), prompt
+    from attnkit.decode.greedy import filter_logits
+
+    for _ in range(n_new):  # the whole context every step
+        logits = model(context)[0][:, -1]
+        probs = filter_logits(logits.float(), 5, 1.0).softmax(-1)
+        context = torch.cat([context, torch.multinomial(probs, 1, generator=g)], 1)
+    assert torch.equal(fast, context[:, 4:])
+
+
+def test_pre_ln_variant_runs_and_differs():
+    post, pre = tiny(), tiny(norm_first=True)
+    x = tokens(2, 5)
+    assert isinstance(pre, TransformerXL) and isinstance(pre.final_norm, torch.nn.LayerNorm)
+    _, mems = pre(x, mem_len=5)
+    logits, _ = pre(x, mems, mem_len=5)
+    assert logits.shape == (2, 5, V) and torch.isfinite(logits).all()
+    assert not torch.allclose(post(x)[0], pre(x)[0])
