@@ -68,6 +68,8 @@ def xt_generate(model, src, beams: int):
     start = torch.full((src.size(0), 1), BOS, dtype=torch.long)
     if beams == 1:
         return model.generate(src, start, MT_LEN, temperature=0.0)
+    # x-transformers 2.31's beam search keeps the encoder context at batch B while its rows grow to
+    # B*beams, so it fails on an encoder-decoder; the table then shows its error message.
     enc = model.encoder(src, return_embeddings=True)
     return model.decoder.beam_search(start, MT_LEN, beams=beams, context=enc)
 

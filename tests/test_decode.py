@@ -102,9 +102,12 @@ def test_length_normalisation_changes_the_ranking_as_defined():
 
 
 def test_beam_size_one_is_exactly_greedy():
+    # Greedy maximises the raw log-probability one token at a time: beam 1 under the same objective
+    # (no length normalisation) must take exactly its path. (With alpha > 0 beam search maximises
+    # score / |Y|^alpha and may rightly continue past greedy's EOS; `translate --beam 1` is greedy.)
     m, src = model(), sources()
     greedy = greedy_search(m, src, max_len_a=0, max_len_b=9)
-    beam = beam_search(m, src, beam=1, max_len_a=0, max_len_b=9)
+    beam = beam_search(m, src, beam=1, len_penalty=0.0, max_len_a=0, max_len_b=9)
     for g, b in zip(greedy, beam):
         assert b[0].tokens == g[0].tokens
         assert b[0].score == pytest.approx(g[0].score, abs=1e-5)

@@ -125,12 +125,12 @@ def test_by_length_writes_one_line_per_checkpoint(capsys, compared, data_dir, tm
     seq = out / "rnn-seq2seq" / "checkpoints" / "best.safetensors"
     att = out / "rnn-bahdanau" / "checkpoints" / "best.safetensors"
     assert main(["experiment", "by-length", "--data", data_dir, "--checkpoints", seq, f"attention={att}",
-                 "--out", tmp_path, "--buckets", "3", "--max-len-b", "4", "--device", "cpu"]) == 0
+                 "--out", tmp_path, "--buckets", "3", "--unit", "pieces", "--max-len-b", "4", "--device", "cpu"]) == 0
     rows = read_csv(tmp_path / "by_length.csv")
-    assert list(rows[0]) == ["source words", "sentences", "rnn-seq2seq bleu", "rnn-seq2seq bleu_lc",
+    assert list(rows[0]) == ["source pieces", "sentences", "rnn-seq2seq bleu", "rnn-seq2seq bleu_lc",
                              "attention bleu", "attention bleu_lc"]
     assert sum(int(r["sentences"]) for r in rows) == len(read_lines(data_dir / "test.src.txt"))
-    assert 1 <= len(rows) <= 3 and (tmp_path / "by_length.png").read_bytes()[:8] == PNG
-    assert "source words" in capsys.readouterr().out
+    assert 2 <= len(rows) <= 3 and (tmp_path / "by_length.png").read_bytes()[:8] == PNG  # one-word sentences
+    assert "source pieces" in capsys.readouterr().out
     code = main(["experiment", "by-length", "--checkpoints", seq, "--out", tmp_path])
     assert code == 2 and "--data" in capsys.readouterr().err

@@ -45,6 +45,7 @@ def translator(tmp_path_factory, corpus_files) -> CountingTranslator:
                  "--train.device=cpu"]) == 0
     translator = CountingTranslator.from_checkpoint(root / "run" / "checkpoints" / "last.safetensors", "cpu")
     translator.calls = []
+    translator.checkpoint_path = root / "run" / "checkpoints" / "last.safetensors"
     return translator
 
 
@@ -161,3 +162,27 @@ def test_service_survives_bad_requests(url, sources):
     assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
     r = post(url, {"texts": sources[:2]})
     assert r.status_code == 200 and len(r.json()["translations"]) == 2
+
+
+def test_the_serve_verb_starts_a_server_that_answers(translator):
+    import subprocess
+    import sys
+
+    port = free_port()
+    ckpt = str(translator.checkpoint_path)
+    proc = subprocess.Popen([sys.executable, "-m", "attnkit", "serve", "--checkpoint", ckpt, "--port", str(port),
+                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(300):
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                time.sleep(0.1)
+        assert health.status_code == 200 and health.json()["model"] == "transformer"
+        out = post(f"http://127.0.0.1:{port}", {"text": "eins zwei"})
+        assert out.status_code == 200 and isinstance(out.json()["translations"][0]["text"], str)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

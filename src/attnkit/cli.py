@@ -104,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("--out", required=True, help="the averaged checkpoint to write")
     av.add_argument("--force", action="store_true", help="overwrite an existing output file")
 
+    sv = sub.add_parser("serve", help="an HTTP JSON translation service (FastAPI + uvicorn; extra 'serve')")
+    sv.add_argument("--checkpoint", required=True)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--device", default="auto")
+    sv.add_argument("--max-batch-sentences", type=int, default=64, help="sentences translated together")
+    sv.add_argument("--max-request-sentences", type=int, default=64, help="larger requests get 413")
+    sv.add_argument("--max-chars", type=int, default=1000, help="longer sentences get 413")
+    sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
+
     e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file")
     e.add_argument("--hyp", required=True)
     e.add_argument("--ref", required=True)
@@ -243,6 +253,16 @@ def cmd_average(args, overrides: list[str]) -> None:
     print(f"averaged {len(paths)} checkpoints into {args.out}: " + ", ".join(str(p) for p in paths))
 
 
+def cmd_serve(args, overrides: list[str]) -> None:
+    try:
+        from attnkit.serve import serve
+    except ImportError as e:
+        raise AttnkitError(str(e)) from None
+    serve(args.checkpoint, host=args.host, port=args.port, device=args.device,
+          max_batch_sentences=args.max_batch_sentences, max_request_sentences=args.max_request_sentences,
+          max_chars=args.max_chars, batch_wait_ms=args.batch_wait_ms)
+
+
 def cmd_evaluate(args, overrides: list[str]) -> None:
     from attnkit.data import read_lines
     from attnkit.eval import score_corpus
@@ -253,7 +273,7 @@ def cmd_evaluate(args, overrides: list[str]) -> None:
 
 
 COMMANDS = {"demo": cmd_demo, "prepare": cmd_prepare, "train": cmd_train, "translate": cmd_translate,
-            "score": cmd_score, "average": cmd_average, "evaluate": cmd_evaluate}
+            "score": cmd_score, "average": cmd_average, "serve": cmd_serve, "evaluate": cmd_evaluate}
 
 
 def main(argv: list[str] | None = None) -> int:

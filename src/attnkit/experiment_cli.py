@@ -44,6 +44,8 @@ def add_parsers(sub) -> dict[str, Callable]:
     b.add_argument("--out", required=True, help="folder for by_length.{csv,md,png}")
     b.add_argument("--buckets", type=int, default=5, help="number of equal-count length buckets (default 5)")
     b.add_argument("--edges", type=int, nargs="+", help="explicit bucket ends in source words, e.g. 10 20 30")
+    b.add_argument("--unit", choices=["words", "pieces"], default="words",
+                   help="count source length in words (default) or subword pieces")
     b.add_argument("--metric", choices=["bleu", "bleu_lc"], default="bleu", help="what the chart plots")
     b.add_argument("--device", default="auto")
     add_decode_options(b)
@@ -85,7 +87,7 @@ def cmd_by_length(args: argparse.Namespace, overrides: list[str]) -> None:
             raise AttnkitError(f"by-length: two checkpoints are labelled '{label}'; name them LABEL=PATH")
         checkpoints[label] = path
     bleu_by_length(checkpoints, sources, refs, args.out, options=decode_options(args), n_buckets=args.buckets,
-                   edges=args.edges, metric=args.metric, device=args.device)
+                   edges=args.edges, unit=args.unit, metric=args.metric, device=args.device)
     print((Path(args.out) / "by_length.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {args.out}/by_length.csv, by_length.md, by_length.png")
 

@@ -6,7 +6,8 @@
   (`by_length.csv`, `by_length.md`, `by_length.png`): the fixed-vector encoder-decoder degrades as
   sentences grow, attention does not (Bahdanau et al. 2015, figure 2).
 
-Source length is counted in whitespace-separated words of the raw source, as in the papers.
+Source length is counted in whitespace-separated words of the raw source, as in the papers, or in
+subword pieces (for compounding languages, or corpora of one-word sentences).
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def compare_models(presets: Sequence[str], data_dir: str | Path, out_dir: str | 
         metrics = evaluate_checkpoint(chosen, data_dir, options or DecodeOptions(), ckpt.config.train.device)
         results.append(ModelResult(name=name, kind=ckpt.kind, train_minutes=ckpt.train_state.get("elapsed_s", 0.0) / 60,
                                    steps=ckpt.train_state.get("step", 0), checkpoint=str(chosen), **metrics))
-        say(f"{name}: " + ", ".join(f"{k} {v:,.2f}" for k, v in metrics.items()))
+        say(f"{name}: " + ", ".join(f"{k} {_cell(v)}" for k, v in metrics.items()))
     write_compare(results, out_dir)
     return results
 
@@ -181,7 +182,7 @@ def plot_compare(results: Sequence[ModelResult], path: Path) -> None:
         values = [0.0 if math.isnan(getattr(r, key)) else getattr(r, key) for r in results]
         bars = ax.bar(x + offset, values, width=0.4, label=f"{label} BLEU")
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
-    ax.set_xticks(x, [f"{r.name}\n{r.parameters / 1e6:.1f}M params, {r.train_minutes:.0f} min" for r in results],
+    ax.set_xticks(x, [f"{r.name}\n{r.parameters / 1e6:.1f}M params, {r.train_minutes:.1f} min" for r in results],
                   fontsize=8)
     ax.set_ylabel("sacreBLEU")
     ax.set_title("same data, same wall-clock budget")
@@ -239,30 +240,36 @@ def checkpoint_label(path: str | Path) -> str:
 
 def bleu_by_length(checkpoints: dict[str, str | Path], sources: list[str], refs: list[str], out_dir: str | Path,
                    *, options: DecodeOptions | None = None, n_buckets: int = 5, edges: Sequence[int] | None = None,
-                   metric: str = "bleu", device: str = "auto", say: Callable[[str], None] = print
-                   ) -> dict[str, list[dict]]:
-    """Translate `sources` with each checkpoint (label -> path); BLEU per source-length bucket, table + chart."""
+                   unit: str = "words", metric: str = "bleu", device: str = "auto",
+                   say: Callable[[str], None] = print) -> dict[str, list[dict]]:
+    """Translate `sources` with each checkpoint (label -> path); BLEU per source-length bucket, table + chart.
+
+    unit: "words" (whitespace-separated) or "pieces" (subwords of the first checkpoint's tokenizer).
+    """
     if len(sources) != len(refs):
         raise AttnkitError(f"by-length: {len(sources)} sources but {len(refs)} references (not line-aligned)")
-    lengths = [len(s.split()) for s in sources]
+    translators = {label: Translator.from_checkpoint(path, device=device) for label, path in checkpoints.items()}
+    if unit == "pieces":
+        lengths = [len(ids) for ids in next(iter(translators.values())).src_tok.encode(sources)]
+    else:
+        lengths = [len(s.split()) for s in sources]
     buckets = length_buckets(lengths, n_buckets, edges)
     results = {}
-    for label, path in checkpoints.items():
-        say(f"translating {len(sources)} sentences with {label} ({path})")
-        hyps = Translator.from_checkpoint(path, device=device).translate_texts(sources, options=options)
-        results[label] = bucket_scores(lengths, hyps, refs, buckets)
+    for label, translator in translators.items():
+        say(f"translating {len(sources)} sentences with {label} ({checkpoints[label]})")
+        results[label] = bucket_scores(lengths, translator.translate_texts(sources, options=options), refs, buckets)
     first = next(iter(results.values()))
-    header = ["source words", "sentences"] + [f"{label} {m}" for label in results for m in ("bleu", "bleu_lc")]
+    header = [f"source {unit}", "sentences"] + [f"{label} {m}" for label in results for m in ("bleu", "bleu_lc")]
     rows = [[bucket_label(b["bucket"]), b["sentences"]]
             + [results[label][i][m] for label in results for m in ("bleu", "bleu_lc")]
             for i, b in enumerate(first)]
     out_dir = Path(out_dir)
     write_table(out_dir, "by_length", header, rows)
-    plot_by_length(results, out_dir / "by_length.png", metric)
+    plot_by_length(results, out_dir / "by_length.png", metric, unit)
     return results
 
 
-def plot_by_length(results: dict[str, list[dict]], path: Path, metric: str = "bleu") -> None:
+def plot_by_length(results: dict[str, list[dict]], path: Path, metric: str = "bleu", unit: str = "words") -> None:
     """One line per model: BLEU against the source-length bucket."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
@@ -271,7 +278,7 @@ def plot_by_length(results: dict[str, list[dict]], path: Path, metric: str = "bl
     for label, scores in results.items():
         ax.plot(x, [s[metric] for s in scores], marker="o", label=label)
     ax.set_xticks(x, [f"{bucket_label(s['bucket'])}\n({s['sentences']})" for s in first], fontsize=8)
-    ax.set_xlabel("source length in words (sentences)")
+    ax.set_xlabel(f"source length in {unit} (sentences)")
     ax.set_ylabel("sacreBLEU" + (" (lowercased)" if metric == "bleu_lc" else ""))
     ax.set_title("BLEU by source length")
     ax.grid(alpha=0.3)
