@@ -347,3 +347,206 @@ def test_cli_refuses_to_overwrite_and_reports_bad_options(capsys, tmp_path, run_
                           (["positions", "--d-model", "7"], "even")):
         code, _, err = run_cli(capsys, "plot", *argv, "--out", tmp_path / "x.png")
         assert code == 2 and err.startswith("attnkit: error: ") and message in err, err
+
+
+# --- language models and RNNs -------------------------------------------------------------------
+LM_TEXT = "".join(f"{who}: the {what} is here.\n" for who in ("ANNA", "BEN") for what in ("cat", "sea", "king"))
+LM_TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=2", "train.tgt_len=8",
+           "train.mem_len=8", "train.batch_size=2", "train.eval_batch_size=2", "train.device=cpu",
+           "train.eval_interval=100", "train.log_every=1", "train.schedule=constant", "train.lr=0.01",
+           "train.max_steps=2"]
+LM_PROMPT = "ANNA: the cat is here."
+VISIBLE_SPACE = "\u2423"  # how a space token is labelled
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory) -> Path:
+    from attnkit.data.lm import prepare_lm
+
+    root = tmp_path_factory.mktemp("lmviz")
+    (root / "text.txt").write_text(LM_TEXT * 4, encoding="utf-8")
+    prepare_lm(root / "data", root / "text.txt", level="char", valid_fraction=0.2)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def lm_runs(tmp_path_factory, lm_data) -> dict[str, Path]:
+    """Tiny trained Transformer-XL and vanilla LM runs (the LM trainer writes report.html at the end)."""
+    from attnkit import config as cfgmod
+    from attnkit.train.lm_trainer import LMTrainer
+
+    runs = {}
+    for kind, preset in (("transformer-xl", "lm-char-small"), ("vanilla-lm", "lm-char-small-vanilla")):
+        cfg = cfgmod.resolve([preset], LM_TINY, cls=cfgmod.LMRunConfig)
+        runs[kind] = tmp_path_factory.mktemp("lmrun") / kind
+        LMTrainer(cfg, lm_data, runs[kind], progress=False).fit()
+    return runs
+
+
+def lm_reference(ckpt: Path, text: str, m: int):
+    """Straight from the model: the first m characters read as memory, the rest with need_weights=True."""
+    from attnkit.eval.lm import load_lm_checkpoint
+
+    model, vocab, cfg = load_lm_checkpoint(ckpt)
+    x = torch.as_tensor(vocab.encode([text])[:-1], dtype=torch.long)[None]  # (1, N), no end-of-line token
+    with torch.no_grad():
+        mems = model(x[:, :m], None, mem_len=m)[1] if m else None
+        weights = model(x[:, m:], mems, mem_len=m, clamp_len=cfg.train.clamp_len, need_weights=True)[2]
+    return [w[0].numpy() for w in weights]  # L x (H, T, M + T)
+
+
+def assert_grid_equals(plot, maps: list[np.ndarray], queries: list[str], keys: list[str]) -> None:
+    n_heads = maps[0].shape[0]
+    assert len(plot.figure.axes) == len(maps) * n_heads
+    for layer, weights in enumerate(maps):
+        for head in range(n_heads):
+            ax = plot.figure.axes[layer * n_heads + head]
+            np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), weights[head], atol=1e-6)
+            assert labels(ax.get_xticklabels()) == keys and labels(ax.get_yticklabels()) == queries
+
+
+def memory_lines(ax) -> list[float]:
+    return [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "--"]
+
+
+@pytest.mark.parametrize(("mem_len", "m"), [(None, len(LM_PROMPT) // 2), (5, 5), (0, 0)])
+def test_transformer_xl_view_is_its_attention_over_memory_and_segment(lm_runs, mem_len, m):
+    from attnkit.viz import load_views
+
+    ckpt = lm_runs["transformer-xl"] / "checkpoints" / "best.safetensors"
+    view = load_views(ckpt, [LM_PROMPT], mem_len=mem_len)[0]
+    tokens = [VISIBLE_SPACE if c == " " else c for c in LM_PROMPT]
+    plot = plot_attention(view, "self", None)
+    maps = lm_reference(ckpt, LM_PROMPT, m)
+    assert maps[0].shape[1:] == (len(LM_PROMPT) - m, len(LM_PROMPT))
+    assert_grid_equals(plot, maps, tokens[m:], tokens)
+    assert view.boundary == ({"self": m} if m else {}) and view.source == LM_PROMPT
+    for ax in plot.figure.axes:
+        assert memory_lines(ax) == ([m - 0.5] if m else [])
+
+
+def test_vanilla_lm_view_is_its_causal_attention(lm_runs):
+    from attnkit.viz import load_views
+
+    ckpt = lm_runs["vanilla-lm"] / "checkpoints" / "best.safetensors"
+    view = load_views(ckpt, [LM_PROMPT])[0]
+    plot = plot_attention(view, "self", None, layer="-1")
+    tokens = [VISIBLE_SPACE if c == " " else c for c in LM_PROMPT]
+    assert_grid_equals(plot, lm_reference(ckpt, LM_PROMPT, 0)[-1:], tokens, tokens)
+    assert not view.boundary and not any(memory_lines(ax) for ax in plot.figure.axes)
+    assert np.triu(view.maps["self"][0], 1).max() == 0.0  # causal: nothing above the diagonal
+
+
+def test_lm_html_page_embeds_the_self_attention_and_the_boundary(tmp_path, lm_runs):
+    from attnkit.viz import load_views
+
+    views = load_views(lm_runs["transformer-xl"] / "checkpoints" / "best.safetensors", [LM_PROMPT, "BEN: sea"])
+    data = attention_html(views, tmp_path / "lm.html")
+    page = check_html(tmp_path / "lm.html")
+    assert json.loads(page.scripts["attn-data"]) == data
+    for view, sentence in zip(views, data["sentences"]):
+        embedded = sentence["kinds"]["self"]
+        assert embedded["boundary"] == view.boundary["self"] and embedded["keys"] == view.keys["self"]
+        np.testing.assert_allclose(np.asarray(embedded["layers"]), np.stack(view.maps["self"]), atol=1e-4)
+
+
+def test_lm_runs_write_a_report_with_snippet_attention(lm_runs):
+    for run in lm_runs.values():
+        text = (run / "report.html").read_text()
+        check_html(run / "report.html")
+        assert text.count('src="data:image/png;base64,') >= 2 and "validation snippets" in text  # curves + samples
+        assert "warning" not in (run / "train.log").read_text()
+
+
+def test_cli_draws_language_models(capsys, tmp_path, lm_runs, lm_data):
+    xl = lm_runs["transformer-xl"] / "checkpoints" / "best.safetensors"
+    vanilla = lm_runs["vanilla-lm"] / "checkpoints" / "best.safetensors"
+    src_file = tmp_path / "lm.txt"
+    src_file.write_text(f"{LM_PROMPT}\nBEN: the sea\n")
+    for argv in (["--checkpoint", xl, "--src", LM_PROMPT, "--mem-len", "6", "--out", tmp_path / "xl.png"],
+                 ["--checkpoint", vanilla, "--src", LM_PROMPT, "--kind", "self", "--layer", "1",
+                  "--out", tmp_path / "v.png"]):
+        code, out, err = run_cli(capsys, "plot", "attention", *argv)
+        assert code == 0, err
+        assert_png(Path(argv[-1]))
+    assert "self: 6 memory tokens | 16 segment tokens" in run_cli(capsys, "plot", "attention", "--checkpoint", xl,
+                                                                  "--src", LM_PROMPT, "--mem-len", "6", "--out",
+                                                                  tmp_path / "xl.png", "--force")[1]
+    code, _, err = run_cli(capsys, "plot", "attention", "--checkpoint", xl, "--src-file", src_file, "--html",
+                           "--out", tmp_path / "xl.html")
+    assert code == 0, err
+    check_html(tmp_path / "xl.html")
+    code, _, err = run_cli(capsys, "plot", "report", lm_runs["vanilla-lm"], "--data", lm_data, "--out",
+                           tmp_path / "r.html")
+    assert code == 0, err
+    check_html(tmp_path / "r.html")
+    for argv, message in (([xl, "--src-file", src_file, "--stats"], "--stats"),
+                          ([xl, "--src", LM_PROMPT, "--tgt", "x"], "--tgt"),
+                          ([xl, "--src", LM_PROMPT, "--mem-len", "22"], "--mem-len 22"),
+                          ([vanilla, "--src", LM_PROMPT, "--mem-len", "4"], "no memory"),
+                          ([xl, "--src", LM_PROMPT, "--kind", "cross"], "no 'cross' attention"),
+                          ([xl, "--src", LM_PROMPT], "already exists")):
+        code, _, err = run_cli(capsys, "plot", "attention", "--checkpoint", *argv, "--out", tmp_path / "xl.png")
+        assert code == 2 and err.startswith("attnkit: error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.fixture(scope="module")
+def rnn_runs(tmp_path_factory, data_dir) -> dict[str, Path]:
+    """Tiny trained RNN runs: the three attentive kinds and the fixed-vector model."""
+    from attnkit.config import RNNConfig, RunConfig, TrainConfig
+
+    runs = {}
+    for kind in ("rnn-bahdanau", "rnn-luong", "rnn-hard", "rnn-seq2seq"):
+        cfg = RunConfig(model=RNNConfig(kind=kind, src_vocab_size=40, tgt_vocab_size=40, embed_dim=12, hidden=16),
+                        train=TrainConfig(max_tokens=300, lr=3e-3, schedule="constant", eval_bleu=False,
+                                          max_steps=2, eval_max_sentences=4, device="cpu"))
+        runs[kind] = tmp_path_factory.mktemp("rnnrun") / kind
+        Trainer(cfg, data_dir, runs[kind], progress=False).fit()
+    return runs
+
+
+@pytest.mark.parametrize("kind", ["rnn-bahdanau", "rnn-luong", "rnn-hard"])
+def test_rnn_view_is_its_alignment_matrix(rnn_runs, kind):
+    t = Translator.from_checkpoint(rnn_runs[kind] / "checkpoints" / "best.safetensors", device="cpu")
+    view = seq2seq_views(t, SOURCES[1:], TARGETS[1:])[0]
+    assert list(view.maps) == ["cross"]
+    plot = plot_attention(view, "cross", None)
+    maps, src, out, _ = reference_maps(t, SOURCES[1], TARGETS[1])
+    assert list(maps) == ["cross"] and maps["cross"][0].shape[:2] == (1, 1)
+    assert_grid_equals(plot, [maps["cross"][0][0].numpy()], out, src)
+    greedy = seq2seq_views(t, SOURCES[:1])[0]  # without a target: the greedy translation, teacher-forced back
+    assert greedy.output == t.translate(SOURCES[:1])[0].text
+
+
+def test_rnn_runs_write_reports_with_or_without_attention(rnn_runs):
+    for kind, run in rnn_runs.items():
+        text = (run / "report.html").read_text()
+        check_html(run / "report.html")
+        assert text.count('src="data:image/png;base64,') == (1 if kind == "rnn-seq2seq" else 4)  # curves (+ 3)
+        assert ("no attention to draw" in text) == (kind == "rnn-seq2seq")
+        assert "warning" not in (run / "train.log").read_text()
+
+
+def test_cli_draws_rnn_alignments(capsys, tmp_path, rnn_runs):
+    ckpt = rnn_runs["rnn-bahdanau"] / "checkpoints" / "best.safetensors"
+    src_file = tmp_path / "s.de"
+    src_file.write_text("\n".join(SOURCES) + "\n")
+    for argv in (["--src", SOURCES[0], "--out", tmp_path / "a.png"],
+                 ["--src", SOURCES[0], "--tgt", TARGETS[0], "--kind", "cross", "--out", tmp_path / "c.png"],
+                 ["--src-file", src_file, "--html", "--out", tmp_path / "a.html"]):
+        code, _, err = run_cli(capsys, "plot", "attention", "--checkpoint", ckpt, *argv)
+        assert code == 0, err
+    assert_png(tmp_path / "a.png")  # one kind: no kind suffix
+    assert_png(tmp_path / "c.png")
+    check_html(tmp_path / "a.html")
+    code, out, err = run_cli(capsys, "plot", "attention", "--checkpoint", ckpt, "--stats", "--src-file", src_file)
+    assert code == 0, err
+    table = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [row[0] for row in table[1:]] == ["1"]
+    fixed = rnn_runs["rnn-seq2seq"] / "checkpoints" / "best.safetensors"
+    for argv, message in (([ckpt, "--src", SOURCES[0], "--kind", "enc"], "no 'encoder' attention"),
+                          ([ckpt, "--src", SOURCES[0], "--mem-len", "3"], "--mem-len"),
+                          ([fixed, "--src", SOURCES[0]], "no attention"),
+                          ([fixed, "--src-file", src_file, "--stats"], "no attention")):
+        code, _, err = run_cli(capsys, "plot", "attention", "--checkpoint", *argv, "--out", tmp_path / "x.png")
+        assert code == 2 and err.startswith("attnkit: error: ") and message in err and err.count("\n") == 1, err

@@ -21,11 +21,15 @@ def add_parsers(sub) -> dict[str, Callable]:
 
     a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
     a.add_argument("--checkpoint", required=True)
-    a.add_argument("--src", help="a source sentence")
-    a.add_argument("--tgt", help="its target (default: the model's greedy translation)")
+    a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
+    a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
     a.add_argument("--layer", default="all", help="layer number (1-based, -1 = last) or all (default)")
-    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "all"],
-                   help="encoder self, decoder masked self, encoder-decoder, or all three (default)")
+    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "all"],
+                   help="encoder self, decoder masked self, encoder-decoder (the only kind of RNN models), "
+                        "a language model's self-attention, or all the model has (default)")
+    a.add_argument("--mem-len", type=int,
+                   help="Transformer-XL: how many leading tokens of the text become the memory; the rest is the "
+                        "segment drawn over [memory | segment] (default: the first half)")
     a.add_argument("--html", action="store_true", help="one interactive self-contained HTML page instead of PNGs")
     a.add_argument("--stats", action="store_true",
                    help="print per layer the share of target tokens attending near the diagonal (needs --src-file)")
@@ -116,18 +120,24 @@ def plot_attention_cmd(args, overrides: list[str]) -> None:
         from attnkit.viz.html import attention_html
 
         n = min(len(sources), HTML_SENTENCES)
-        views = load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n], args.device)
+        views = load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n], args.device,
+                           mem_len=args.mem_len)
         attention_html(views, out, title=f"attention of {Path(args.checkpoint).name}")
         print(f"wrote {out} ({n} sentence{'s' * (n > 1)})")
         return
-    view = load_views(args.checkpoint, sources[:1], None if targets is None else targets[:1], args.device)[0]
+    view = load_views(args.checkpoint, sources[:1], None if targets is None else targets[:1], args.device,
+                      mem_len=args.mem_len)[0]
     kinds = list(view.maps) if args.kind == "all" else [KIND_NAMES[args.kind]]
+    for kind in kinds:  # a kind the model lacks is the mistake to report, before any existing output
+        view.layers(kind)
     outs = _kind_paths(Path(args.out or "attention.png"), kinds)
     for out in outs.values():
         _new(out, args.force)
     from attnkit.viz.attention import plot_attention
 
     print(f"source: {view.source}\noutput: {view.output}")
+    for kind, m in view.boundary.items():
+        print(f"{kind}: {m} memory tokens | {len(view.queries[kind])} segment tokens")
     for kind, out in outs.items():
         plot_attention(view, kind, out, args.layer)
         print(f"wrote {out}")
@@ -140,11 +150,18 @@ def _kind_paths(out: Path, kinds: list[str]) -> dict[str, Path]:
 
 
 def attention_stats_cmd(args) -> None:
-    from attnkit.viz.attention import load_views
+    from attnkit.config import LM_KINDS
+    from attnkit.viz.attention import checkpoint_kind, load_views
     from attnkit.viz.stats import diagonal_stats
 
     if args.html:
         raise AttnkitError("--stats prints a table; draw the --html page in a separate call")
+    kind = checkpoint_kind(args.checkpoint)
+    if kind in LM_KINDS:
+        raise AttnkitError(f"--stats measures how diagonal encoder-decoder attention is; a {kind} language model "
+                           "has none (draw its self-attention without --stats)")
+    if args.mem_len is not None:
+        raise AttnkitError("--mem-len is for language models; --stats takes seq2seq checkpoints")
     sources, targets = _sentences(args)
     views = load_views(args.checkpoint, sources, targets, args.device)
     print(f"targets: {'--tgt-file' if targets is not None else 'greedy translations'}")

@@ -8,9 +8,10 @@ next, the vanilla LM sees every segment on its own. A pass over the corpus is an
 starts empty at the beginning of each pass. With `accumulate` = k, one update covers k consecutive
 segments (the memory flows through all of them).
 
-A run folder holds config.yaml, checkpoints/{last,best}.safetensors, metrics.csv, train.log and
-tensorboard/, as for translation. The LM vocabulary is stored in every checkpoint as the tokenizer blob
-`lm_vocab`, so a checkpoint evaluates and generates on its own.
+A run folder holds config.yaml, checkpoints/{last,best}.safetensors, metrics.csv, train.log,
+tensorboard/ and report.html (validation snippets with their attention), as for translation. The LM
+vocabulary is stored in every checkpoint as the tokenizer blob `lm_vocab`, so a checkpoint evaluates and
+generates on its own.
 
 Resuming (`resume=True`) restores the weights, optimizer, schedule position, RNG and the stream
 position (epoch + next segment), but not the memory: the first segment after a resume starts with an
@@ -58,7 +59,7 @@ class LMTrainState:
 class LMTrainer:
     def __init__(self, cfg: cfgmod.LMRunConfig, data_dir: str | Path, run_dir: str | Path, *,
                  resume: bool = False, force: bool = False, progress: bool = True):
-        self.run_dir = ensure_writable_dir(run_dir)
+        self.data_dir, self.run_dir = Path(data_dir), ensure_writable_dir(run_dir)
         self.last_path = self.run_dir / "checkpoints" / "last.safetensors"
         self.best_path = self.run_dir / "checkpoints" / "best.safetensors"
         if self.last_path.exists() and not (resume or force):
@@ -216,5 +217,8 @@ class LMTrainer:
         self.state.elapsed_s = time.monotonic() - clock
         self._checkpoint(metrics)
         self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min")
+        from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
+
+        after_fit(self.run_dir, self.data_dir, self.log.say)
         self.log.close()
         return metrics

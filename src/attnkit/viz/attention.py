@@ -23,10 +23,11 @@ from attnkit.data.tokenizer import BOS_ID, EOS_ID
 from attnkit.errors import AttnkitError
 from attnkit.viz.figure import Plot, finish, subplots
 
-# Kinds a translation model returns, as `attnkit plot attention --kind` names them.
-KIND_NAMES = {"enc": "encoder", "dec": "decoder", "cross": "cross"}
+# Kinds a model returns (translation models: enc, dec, cross; RNNs: cross; LMs: self), as `--kind` names them.
+KIND_NAMES = {"enc": "encoder", "dec": "decoder", "cross": "cross", "self": "self"}
 TITLES = {"encoder": "encoder self-attention", "decoder": "decoder masked self-attention",
           "cross": "encoder-decoder attention", "self": "self-attention (memory | segment)"}
+LM_TITLE_NO_MEMORY = "causal self-attention"
 
 
 @dataclass
@@ -51,6 +52,12 @@ class AttentionView:
         if kind not in self.maps:
             raise AttnkitError(f"this model has no '{kind}' attention (it has: {', '.join(self.maps)})")
         return self.maps[kind]
+
+    def title(self, kind: str) -> str:
+        """What a kind is called on the pictures (an LM's "self" without memory is plain causal attention)."""
+        if kind == "self" and kind not in self.boundary:
+            return LM_TITLE_NO_MEMORY
+        return TITLES.get(kind, kind)
 
 
 # --- drawing -------------------------------------------------------------------------------
@@ -117,7 +124,7 @@ def plot_attention(view: AttentionView, kind: str, path: str | Path | None, laye
     weights = np.stack([maps[i] for i in layers])  # (R, H, Tq, Tk)
     queries, keys = view.queries[kind], view.keys[kind]
     fig = draw_grid(weights, queries, keys, row_names=[f"layer {i + 1}" for i in layers],
-                    boundary=view.boundary.get(kind), title=f"{TITLES.get(kind, kind)}: {view.source}")
+                    boundary=view.boundary.get(kind), title=f"{view.title(kind)}: {view.source}")
     return finish(fig, {"weights": weights, "layers": layers, "queries": queries, "keys": keys}, path)
 
 
@@ -184,22 +191,120 @@ def seq2seq_loader(checkpoint: str | Path, sources: list[str], targets: list[str
     return seq2seq_views(Translator.from_checkpoint(checkpoint, device=device), sources, targets)
 
 
-# Model kind -> (checkpoint, sources, targets or None, device) -> one AttentionView per source.
+# --- model side: language models -> views ----------------------------------------------------
+LM_CONTINUATION = 24  # tokens of greedy continuation shown as an LM view's output
+VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\\t"}  # whitespace tokens as tick labels: ␣ ↵ \t
+
+
+def lm_token_labels(vocab, ids) -> list[str]:
+    """Tick labels of LM ids: the vocabulary's tokens (characters, words or subword pieces), whitespace visible."""
+    if vocab.subword is not None:
+        return vocab.subword.pieces([int(i) for i in ids])
+    return [VISIBLE.get(tok, tok) for tok in (vocab.tokens[int(i)] for i in ids)]
+
+
+def lm_encode(vocab, text: str) -> np.ndarray:
+    """A text as the LM's ids, without the end-of-line token the vocabulary adds after every line."""
+    ids = vocab.encode([text])[:-1]
+    if not len(ids):
+        raise AttnkitError("plot attention: the text is empty; give a language model some text to read")
+    return ids
+
+
+def memory_split(kind: str, n_tokens: int, mem_len: int | None) -> int:
+    """How many leading tokens of an n-token text become the memory M (the segment is the rest).
+
+    Transformer-XL: the first half by default, or `mem_len` tokens; the vanilla LM has no memory (M = 0).
+    """
+    if kind != "transformer-xl":
+        if mem_len:
+            raise AttnkitError(f"--mem-len {mem_len}: a {kind} model has no memory (it reads the text as one segment)")
+        return 0
+    if mem_len is None:
+        return n_tokens // 2
+    if not 0 <= mem_len < n_tokens:
+        raise AttnkitError(f"--mem-len {mem_len}: the text has {n_tokens} tokens; the memory takes 0..{n_tokens - 1} "
+                           "of them and leaves the rest to the segment")
+    return mem_len
+
+
+def lm_views(model, vocab, cfg, texts: list[np.ndarray], mem_len: int | None = None, *,
+             continuation: int = LM_CONTINUATION) -> list[AttentionView]:
+    """The self-attention of a language model over each text of ids (N,), as the model returns it.
+
+    The first M ids are read as one segment whose layer inputs become the memory (exactly what the
+    model carries between training segments); the remaining T ids are the segment drawn: its queries
+    over the M + T keys [memory | segment], `weights` L x (1, H, T, M + T) from `need_weights=True`.
+    The output is the model's greedy continuation of the whole text.
+    """
+    from attnkit.models.transformer_xl import generate
+
+    device = next(model.parameters()).device
+    clamp_len = cfg.train.clamp_len
+    gen_mem = cfg.train.eval_lengths[1] if model.kind == "transformer-xl" else cfg.train.tgt_len
+    views = []
+    for ids in texts:
+        n = len(ids)
+        if model.kind == "vanilla-lm" and n > cfg.model.max_positions:
+            raise AttnkitError(f"the text has {n} tokens; this vanilla LM reads at most {cfg.model.max_positions}")
+        m = memory_split(model.kind, n, mem_len)
+        x = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=device)[None]  # (1, N)
+        with torch.no_grad():
+            mems = model(x[:, :m], None, mem_len=m, clamp_len=clamp_len)[1] if m else None  # L x (1, M, D)
+            _, _, weights = model(x[:, m:], mems, mem_len=m, clamp_len=clamp_len, need_weights=True)
+        labels = lm_token_labels(vocab, ids)
+        output = ""
+        if continuation > 0:
+            generator = torch.Generator(device=device).manual_seed(0)  # temperature 0: the arg-max, not a draw
+            new = generate(model, x, continuation, mem_len=gen_mem or n, clamp_len=clamp_len, temperature=0.0,
+                           generator=generator)
+            output = vocab.decode(new[0].tolist())
+        views.append(AttentionView(
+            source=vocab.decode([int(i) for i in ids]), output=output,
+            maps={"self": [w[0].float().cpu().numpy() for w in weights]},  # L x (H, T, M + T)
+            queries={"self": labels[m:]}, keys={"self": labels},
+            boundary={"self": m} if m else {}, content={"self": (n - m, n)}))
+    return views
+
+
+def lm_loader(checkpoint: str | Path, sources: list[str], targets: list[str] | None, device: str,
+              mem_len: int | None = None) -> list[AttentionView]:
+    from attnkit.eval.lm import load_lm_checkpoint
+
+    if targets is not None:
+        raise AttnkitError("a language model reads one text: give --src (or --src-file) without --tgt")
+    model, vocab, cfg = load_lm_checkpoint(checkpoint, device)
+    return lm_views(model, vocab, cfg, [lm_encode(vocab, text) for text in sources], mem_len)
+
+
+# Model kind -> (checkpoint, sources, targets or None, device, **options) -> one AttentionView per source.
 # Seq2seq kinds with `attention(src, tgt_in)` need no entry; other families (language models) add theirs.
-ATTENTION_VIEWS: dict[str, Callable[..., list[AttentionView]]] = {}
+# The one option so far: mem_len, the tokens of an LM's text that become its memory.
+ATTENTION_VIEWS: dict[str, Callable[..., list[AttentionView]]] = {
+    "transformer-xl": lm_loader,
+    "vanilla-lm": lm_loader,
+}
+
+
+def checkpoint_kind(checkpoint: str | Path) -> str:
+    from attnkit.train.checkpoint import load_checkpoint
+
+    return load_checkpoint(checkpoint).kind
 
 
 def load_views(checkpoint: str | Path, sources: list[str], targets: list[str] | None = None,
-               device: str = "cpu") -> list[AttentionView]:
+               device: str = "cpu", *, mem_len: int | None = None) -> list[AttentionView]:
     """The attention views of any model kind that returns its maps, read from its checkpoint."""
     from attnkit.models import MODELS
-    from attnkit.train.checkpoint import load_checkpoint
 
-    kind = load_checkpoint(checkpoint).kind
+    kind = checkpoint_kind(checkpoint)
     if kind in ATTENTION_VIEWS:
-        return ATTENTION_VIEWS[kind](checkpoint, sources, targets, device)
+        options = {} if mem_len is None else {"mem_len": mem_len}
+        return ATTENTION_VIEWS[kind](checkpoint, sources, targets, device, **options)
     model_class = MODELS[kind][0] if kind in MODELS else None
     if model_class is None or not hasattr(model_class, "attention") or not hasattr(model_class, "init_state"):
         raise AttnkitError(f"no attention pictures for model kind '{kind}' yet (seq2seq models need "
                            "`attention(src, tgt_in)`; other kinds register in attnkit.viz.attention.ATTENTION_VIEWS)")
+    if mem_len is not None:
+        raise AttnkitError(f"--mem-len is for language models; a '{kind}' model has no memory")
     return seq2seq_loader(checkpoint, sources, targets, device)

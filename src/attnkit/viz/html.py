@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.io import atomic_write_text
-from attnkit.viz.attention import TITLES, AttentionView
+from attnkit.viz.attention import AttentionView
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -118,7 +118,7 @@ def attention_data(views: list[AttentionView], digits: int = 4) -> dict[str, Any
     """The JSON the page embeds: per sentence, per kind, layers x heads x rows x columns of weights."""
     return {"sentences": [{
         "source": v.source, "output": v.output,
-        "kinds": {kind: {"title": TITLES.get(kind, kind), "queries": v.queries[kind], "keys": v.keys[kind],
+        "kinds": {kind: {"title": v.title(kind), "queries": v.queries[kind], "keys": v.keys[kind],
                          "boundary": v.boundary.get(kind), "layers": [m.round(digits).tolist() for m in layers]}
                   for kind, layers in v.maps.items()}} for v in views]}
 

@@ -1,5 +1,8 @@
 """report.html for a run folder: config, final metrics, curves and a few sample outputs with their
-attention, in one self-contained file (PNGs embedded as base64, no network).
+attention, in one self-contained file (PNGs embedded as base64, no network). Seq2seq runs show dev
+translations with their cross-attention (or the translations alone for rnn-seq2seq, which has none);
+language-model runs show validation snippets with their self-attention over [memory | segment] and a
+greedy continuation.
 
 Trainers call `after_fit` when they finish; it never raises, so a picture can never cost a run.
 """
@@ -17,6 +20,7 @@ from attnkit.errors import AttnkitError
 from attnkit.io import atomic_write_text
 
 SAMPLE_FILES = (("valid.src.txt", "valid.tgt.txt"), ("test.src.txt", "test.tgt.txt"))
+LM_SNIPPET = 64  # tokens of a language model's sample snippet (memory + segment)
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -59,30 +63,90 @@ def _sample_lines(data_dir: Path | None, n: int) -> tuple[list[str], list[str]]:
     return [], []
 
 
+def _checkpoint(run_dir: Path) -> Path | None:
+    return next((p for p in (run_dir / "checkpoints" / f"{name}.safetensors" for name in ("best", "last"))
+                 if p.is_file()), None)
+
+
 def _samples(run_dir: Path, data_dir: Path | None, n: int) -> str:
-    from attnkit.viz.attention import draw_grid, load_views
+    """A few outputs with their attention: dev translations for seq2seq runs, validation snippets for LMs."""
+    from attnkit.config import LM_KINDS
+    from attnkit.viz.attention import checkpoint_kind
+
+    ckpt = _checkpoint(run_dir)
+    if ckpt is None:
+        return "<p>no checkpoint to sample.</p>"
+    if checkpoint_kind(ckpt) in LM_KINDS:  # language models read text, not sentence pairs
+        return _lm_samples(ckpt, data_dir, n)
+    return _translation_samples(ckpt, data_dir, n)
+
+
+def _translation_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
+    from attnkit.decode import Translator
+    from attnkit.viz.attention import seq2seq_views
+
+    sources, refs = _sample_lines(data_dir, n)
+    if not sources:
+        return "<p>no dev sentences to sample.</p>"
+    translator = Translator.from_checkpoint(ckpt, device="cpu")
+    if not getattr(translator.model, "has_attention", True):  # rnn-seq2seq: one fixed vector, nothing to draw
+        parts = [f"<p>from {html.escape(ckpt.name)}, greedy; a '{html.escape(translator.model.kind)}' model has "
+                 "no attention to draw.</p>"]
+        for i, (source, t) in enumerate(zip(sources, translator.translate(sources))):
+            parts.append(_sample(i, source, t.text, refs[i] if i < len(refs) else None, ""))
+        return "\n".join(parts)
+    parts = [f"<p>from {html.escape(ckpt.name)}, greedy; attention of the last layer, heads averaged.</p>"]
+    for i, view in enumerate(seq2seq_views(translator, sources)):
+        parts.append(_sample(i, view.source, view.output, refs[i] if i < len(refs) else None, _attention_img(view)))
+    return "\n".join(parts)
+
+
+def _lm_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
+    """Evenly spaced snippets of the validation text: each one's self-attention and greedy continuation."""
+    from attnkit.data.lm import CORPUS_FILE, load_lm_corpus
+    from attnkit.eval.lm import load_lm_checkpoint
+    from attnkit.viz.attention import LM_CONTINUATION, lm_views
+
+    if data_dir is None or not (data_dir / CORPUS_FILE).is_file():
+        return "<p>no LM corpus to sample.</p>"
+    splits = load_lm_corpus(data_dir).splits
+    ids = next((splits[name] for name in ("valid", "test", "train") if len(splits.get(name, ())) >= 2), None)
+    if ids is None:
+        return "<p>no text to sample.</p>"
+    model, vocab, cfg = load_lm_checkpoint(ckpt, "cpu")
+    length = min(len(ids), LM_SNIPPET, 2 * cfg.train.tgt_len, cfg.model.max_positions)
+    starts = sorted({int(s) for s in np.linspace(0, len(ids) - length, n)})
+    views = lm_views(model, vocab, cfg, [ids[s : s + length].numpy() for s in starts])
+    memory = (f"the first {views[0].boundary['self']} read as memory (left of the red line), the rest as the "
+              "segment" if views[0].boundary else "read as one segment")
+    parts = [f"<p>from {html.escape(ckpt.name)}: validation snippets of {length} tokens, {memory}; self-attention "
+             f"of the last layer, heads averaged; output: the greedy continuation ({LM_CONTINUATION} tokens).</p>"]
+    parts += [_sample(i, view.source, view.output, None, _attention_img(view)) for i, view in enumerate(views)]
+    return "\n".join(parts)
+
+
+def _attention_img(view) -> str:
+    """The last layer of the view's main kind (cross for seq2seq, self for LMs), heads averaged, as an <img>."""
+    from attnkit.viz.attention import draw_grid
     from attnkit.viz.figure import png_bytes
 
-    ckpt = next((p for p in (run_dir / "checkpoints" / f"{name}.safetensors" for name in ("best", "last"))
-                 if p.is_file()), None)
-    sources, refs = _sample_lines(data_dir, n)
-    if ckpt is None or not sources:
-        return "<p>no checkpoint or no dev sentences to sample.</p>"
-    parts = [f"<p>from {html.escape(ckpt.name)}, greedy; attention of the last layer, heads averaged.</p>"]
-    for i, view in enumerate(load_views(ckpt, sources, device="cpu")):
-        kind = "cross" if "cross" in view.maps else next(iter(view.maps))
-        mean = view.maps[kind][-1].mean(0)[None, None]  # (1, 1, Tq, Tk)
-        fig = draw_grid(mean, view.queries[kind], view.keys[kind], row_names=[f"{kind}, last layer"],
-                        boundary=view.boundary.get(kind))
-        ref = f"<br>reference: {html.escape(refs[i])}" if i < len(refs) else ""
-        parts.append(f"<h3>{i + 1}. {html.escape(view.source)}</h3><p>output: <b>{html.escape(view.output)}</b>"
-                     f"{ref}</p>{_img(png_bytes(fig, 80), 'attention')}")
-    return "\n".join(parts)
+    kind = "cross" if "cross" in view.maps else next(iter(view.maps))
+    mean = view.maps[kind][-1].mean(0)[None, None]  # (1, 1, Tq, Tk)
+    fig = draw_grid(mean, view.queries[kind], view.keys[kind], row_names=[f"{kind}, last layer"],
+                    boundary=view.boundary.get(kind))
+    return _img(png_bytes(fig, 80), "attention")
+
+
+def _sample(i: int, source: str, output: str, ref: str | None, picture: str) -> str:
+    ref_html = f"<br>reference: {html.escape(ref)}" if ref is not None else ""
+    return (f"<h3>{i + 1}. {html.escape(source)}</h3><p>output: <b>{html.escape(output)}</b>{ref_html}</p>"
+            f"{picture}")
 
 
 def write_report(run_dir: str | Path, path: str | Path | None = None, *, data_dir: str | Path | None = None,
                  n_samples: int = 3) -> Path:
-    """Write report.html for `run_dir` (default RUN/report.html); samples come from data_dir's dev set."""
+    """Write report.html for `run_dir` (default RUN/report.html); samples come from data_dir's dev set
+    (a seq2seq run's prepared folder, or an LM run's `attnkit lm prepare` folder)."""
     from attnkit.viz.html import page
 
     run_dir = Path(run_dir)
