@@ -15,6 +15,15 @@ torch.set_num_threads(2)
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy machine its barriers cost seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_model_config(**kw) -> TransformerConfig:
     base = dict(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
                 n_decoder_layers=2, dropout=0.0)

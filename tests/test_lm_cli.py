@@ -15,14 +15,7 @@ from attnkit.eval.lm import format_speed_table, speed_table
 from attnkit.train.lm_trainer import LMTrainer
 from conftest import SHARED_DATA
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy machine its barriers cost seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TEXT = "".join(f"{who}: the {what} is {how}.\n" for who in ("ANNA", "BEN", "CARL") for what in ("cat", "sea", "king")

@@ -20,13 +20,7 @@ from attnkit.nn.relative import RelativeMultiHeadAttention, rel_shift
 V = 11
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy machine its barriers cost seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(kind: str = "transformer-xl", **kw):

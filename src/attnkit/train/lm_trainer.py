@@ -22,27 +22,21 @@ resumed at a pass boundary (or a vanilla run anywhere) ends with the same parame
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
 from attnkit.data.lm import LMStreams, load_lm_corpus
-from attnkit.errors import AttnkitError, ConfigError
+from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments, token_nll
-from attnkit.io import atomic_write_text, ensure_writable_dir
-from attnkit.models import build_model
-from attnkit.runtime import autocast, configure_backends, resolve_device, seed_everything
-from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from attnkit.train.metrics_log import MetricsLog
-from attnkit.train.schedules import make_schedule
+from attnkit.runtime import autocast
+from attnkit.train.base import TrainerBase
+from attnkit.train.checkpoint import Checkpoint
 
-MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
 VOCAB_BLOB = "lm_vocab"  # the checkpoint's tokenizer entry holding the LMVocab
 
 
@@ -56,54 +50,28 @@ class LMTrainState:
     skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
 
 
-class LMTrainer:
+class LMTrainer(TrainerBase):
+    state_class = LMTrainState
+
     def __init__(self, cfg: cfgmod.LMRunConfig, data_dir: str | Path, run_dir: str | Path, *,
                  resume: bool = False, force: bool = False, progress: bool = True):
-        self.data_dir, self.run_dir = Path(data_dir), ensure_writable_dir(run_dir)
-        self.last_path = self.run_dir / "checkpoints" / "last.safetensors"
-        self.best_path = self.run_dir / "checkpoints" / "best.safetensors"
-        if self.last_path.exists() and not (resume or force):
-            raise AttnkitError(f"{self.run_dir} already holds a run; pass --resume to continue it "
-                               "or --force to start over")
+        self.open_run(run_dir, resume=resume, force=force)
         t = cfg.train
         if not (t.max_steps or t.max_minutes):
             raise ConfigError("set a budget: train.max_steps or train.max_minutes")
-        self.progress = progress
+        self.data_dir, self.progress = Path(data_dir), progress
         self.corpus = load_lm_corpus(data_dir)
         self.cfg = cfgmod.replace(cfg, model=cfgmod.replace(cfg.model, vocab_size=self.corpus.vocab.vocab_size))
-        self.device = resolve_device(t.device)
-        configure_backends(self.device)
-        seed_everything(t.seed)
-        self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
-                                          weight_decay=t.weight_decay, fused=self.device.type in ("cpu", "cuda"))
-        self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
-                                      total=t.max_steps)
+        self.build()
         self.streams = LMStreams(self.corpus.splits["train"], t.batch_size, t.tgt_len)
         self.mems: list[torch.Tensor] | None = None
-        self.state = LMTrainState()
-        if resume and self.last_path.exists():
-            self._restore(load_checkpoint(self.last_path))
-        atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfgmod.to_dict(self.cfg), sort_keys=False))
-        self.log = MetricsLog(self.run_dir, resume_step=self.state.step if resume else None)
+        self.start(resume)
 
-    # --- checkpoints ------------------------------------------------------------------------
-    def save(self, path: Path, *, full: bool = True) -> None:
-        save_checkpoint(path, Checkpoint(
-            kind=self.model.kind, config=self.cfg, model_state=self.model.state_dict(),
-            tokenizers={VOCAB_BLOB: self.corpus.vocab.to_bytes()}, train_state=asdict(self.state),
-            optimizer_state=self.optimizer.state_dict() if full else None,
-            rng_state=torch.get_rng_state() if full else None))
+    def tokenizer_blobs(self) -> dict[str, bytes]:
+        return {VOCAB_BLOB: self.corpus.vocab.to_bytes()}
 
-    def _restore(self, ckpt: Checkpoint) -> None:
-        if ckpt.kind != self.model.kind:
-            raise AttnkitError(f"{self.last_path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
-        self.model.load_state_dict(ckpt.model_state)
-        if ckpt.optimizer_state is not None:
-            self.optimizer.load_state_dict(ckpt.optimizer_state)
-        if ckpt.rng_state is not None:
-            torch.set_rng_state(ckpt.rng_state)
-        self.state = LMTrainState(**ckpt.train_state)
+    def restore(self, ckpt: Checkpoint) -> None:
+        super().restore(ckpt)
         self.mems = None  # memory-free restart, see the module docstring
 
     # --- one update -------------------------------------------------------------------------
@@ -130,26 +98,10 @@ class LMTrainer:
             (nll / n_tokens).backward()
             total += nll.item()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
-        lr = self.schedule(self.state.step + 1)
-        if not (math.isfinite(total) and torch.isfinite(grad_norm)):
-            self._skip_update()
-        else:
-            for group_ in self.optimizer.param_groups:
-                group_["lr"] = lr
-            self.optimizer.step()
-            self.state.skipped = 0
-        self.state.step += 1
+        lr = self.apply_update(total, grad_norm)
         if self.state.segment >= len(self.streams):  # end of a pass: start again with an empty memory
             self.state.epoch, self.state.segment, self.mems = self.state.epoch + 1, 0, None
         return {"loss": total / n_tokens, "lr": lr, "tokens": n_tokens}
-
-    def _skip_update(self) -> None:
-        self.state.skipped += 1
-        self.log.say(f"step {self.state.step + 1}: non-finite loss or gradient, update skipped "
-                     f"({self.state.skipped} in a row)")
-        if self.state.skipped >= MAX_BAD_STEPS:
-            raise AttnkitError(f"{MAX_BAD_STEPS} non-finite updates in a row: stopping; the last good "
-                               f"checkpoint is {self.last_path}")
 
     # --- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -179,12 +131,6 @@ class LMTrainer:
         self.save(self.last_path)
 
     # --- the loop ---------------------------------------------------------------------------
-    def _out_of_budget(self, eval_reserve: float) -> bool:
-        t = self.cfg.train
-        if t.max_steps and self.state.step >= t.max_steps:
-            return True
-        return bool(t.max_minutes) and self.state.elapsed_s + eval_reserve >= t.max_minutes * 60
-
     def fit(self) -> dict[str, float]:
         """Train until max_steps or the wall-clock budget; returns the last validation metrics."""
         t = self.cfg.train
@@ -196,7 +142,7 @@ class LMTrainer:
         bar = tqdm(total=t.max_steps or None, initial=self.state.step, desc=self.model.kind,
                    disable=None if self.progress else True, dynamic_ncols=True, leave=False)
         window_tokens, window_start, eval_reserve, metrics = 0, time.monotonic(), 0.0, {}
-        while not self._out_of_budget(eval_reserve):
+        while not self.out_of_budget(eval_reserve):
             stats = self.train_step()
             self.state.elapsed_s = time.monotonic() - clock
             window_tokens += stats["tokens"]
@@ -207,7 +153,7 @@ class LMTrainer:
                                loss=stats["loss"], nll=stats["loss"], lr=stats["lr"], tok_s=tok_s)
                 bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
                 window_tokens, window_start = 0, time.monotonic()
-            if self.state.step % t.eval_interval == 0 and not self._out_of_budget(eval_reserve):
+            if self.state.step % t.eval_interval == 0 and not self.out_of_budget(eval_reserve):
                 eval_start = time.monotonic()
                 metrics = self.evaluate()
                 eval_reserve = time.monotonic() - eval_start

@@ -9,28 +9,21 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, load_tokenizers, read_lines
 from attnkit.data.batching import Batch
 from attnkit.decode.translator import Translator
-from attnkit.errors import AttnkitError
 from attnkit.eval import score_corpus
-from attnkit.io import atomic_write_text, ensure_writable_dir
-from attnkit.models import build_model
-from attnkit.runtime import autocast, configure_backends, resolve_device, seed_everything
-from attnkit.train.checkpoint import Checkpoint, epoch_checkpoints, load_checkpoint, save_checkpoint
+from attnkit.runtime import autocast
+from attnkit.train.base import TrainerBase
+from attnkit.train.checkpoint import epoch_checkpoints
 from attnkit.train.losses import label_smoothed_nll
-from attnkit.train.metrics_log import MetricsLog
-from attnkit.train.schedules import make_schedule
-
-MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
 
 
 @dataclass
@@ -55,39 +48,23 @@ def training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor
     return model(batch.src, batch.tgt_in), 0.0
 
 
-class Trainer:
+class Trainer(TrainerBase):
+    state_class = TrainState
+
     def __init__(self, cfg: cfgmod.RunConfig, data_dir: str | Path, run_dir: str | Path, *,
                  resume: bool = False, force: bool = False, progress: bool = True):
-        self.data_dir, self.run_dir = Path(data_dir), ensure_writable_dir(run_dir)
-        self.last_path = self.run_dir / "checkpoints" / "last.safetensors"
-        self.best_path = self.run_dir / "checkpoints" / "best.safetensors"
-        if self.last_path.exists() and not (resume or force):
-            raise AttnkitError(f"{self.run_dir} already holds a run; pass --resume to continue it "
-                               "or --force to start over")
-        self.progress = progress
+        self.open_run(run_dir, resume=resume, force=force)
+        self.data_dir, self.progress = Path(data_dir), progress
         self.src_tok, self.tgt_tok = load_tokenizers(self.data_dir)
         self.cfg = self._fit_config_to_data(cfg)
+        self.build()
         t = self.cfg.train
-        self.device = resolve_device(t.device)
-        configure_backends(self.device)
-        seed_everything(t.seed)
-        self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
-        # AdamW: with weight_decay 0 it is exactly Adam; with decay it is decoupled (as fairseq's Adam).
-        # The fused kernel updates all parameters in one pass: 12% faster steps for transformer-small on CPU.
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
-                                          weight_decay=t.weight_decay, fused=self.device.type in ("cpu", "cuda"))
-        self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
-                                      total=t.max_steps)
         self.train_split = load_split(self.data_dir, "train")
         has_valid = (self.data_dir / "valid.safetensors").exists()
         self.valid_split = load_split(self.data_dir, "valid") if has_valid else None
         self.sampler = TokenBatchSampler(self.train_split.src_lens, self.train_split.tgt_lens, t.max_tokens,
                                          shuffle=True, seed=t.seed)
-        self.state = TrainState()
-        if resume and self.last_path.exists():
-            self._restore(load_checkpoint(self.last_path))
-        atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfgmod.to_dict(self.cfg), sort_keys=False))
-        self.log = MetricsLog(self.run_dir, resume_step=self.state.step if resume else None)
+        self.start(resume)
 
     def _fit_config_to_data(self, cfg: cfgmod.RunConfig) -> cfgmod.RunConfig:
         joint = self.src_tok is self.tgt_tok
@@ -96,29 +73,11 @@ class Trainer:
                                share_embeddings=cfg.model.share_embeddings and joint)
         return cfgmod.replace(cfg, model=model)
 
-    # --- checkpoints ------------------------------------------------------------------------
-    def _tokenizer_blobs(self) -> dict[str, bytes]:
+    def tokenizer_blobs(self) -> dict[str, bytes]:
         blobs = {"src": self.src_tok.to_bytes()}
         if self.tgt_tok is not self.src_tok:
             blobs["tgt"] = self.tgt_tok.to_bytes()
         return blobs
-
-    def save(self, path: Path, *, full: bool = True) -> None:
-        save_checkpoint(path, Checkpoint(
-            kind=self.model.kind, config=self.cfg, model_state=self.model.state_dict(),
-            tokenizers=self._tokenizer_blobs(), train_state=asdict(self.state),
-            optimizer_state=self.optimizer.state_dict() if full else None,
-            rng_state=torch.get_rng_state() if full else None))
-
-    def _restore(self, ckpt: Checkpoint) -> None:
-        if ckpt.kind != self.model.kind:
-            raise AttnkitError(f"{self.last_path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
-        self.model.load_state_dict(ckpt.model_state)
-        if ckpt.optimizer_state is not None:
-            self.optimizer.load_state_dict(ckpt.optimizer_state)
-        if ckpt.rng_state is not None:
-            torch.set_rng_state(ckpt.rng_state)
-        self.state = TrainState(**ckpt.train_state)
 
     # --- one update -------------------------------------------------------------------------
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
@@ -137,24 +96,8 @@ class Trainer:
             total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
                      if t.clip_norm or not math.isfinite(total_loss) else None)
-        lr = self.schedule(self.state.step + 1)
-        if not math.isfinite(total_loss) or (grad_norm is not None and not torch.isfinite(grad_norm)):
-            self._skip_update()
-        else:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-            self.state.skipped = 0
-        self.state.step += 1
+        lr = self.apply_update(total_loss, grad_norm)
         return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "lr": lr, "tokens": n_tokens}
-
-    def _skip_update(self) -> None:
-        self.state.skipped += 1
-        self.log.say(f"step {self.state.step + 1}: non-finite loss or gradient, update skipped "
-                     f"({self.state.skipped} in a row)")
-        if self.state.skipped >= MAX_BAD_STEPS:
-            raise AttnkitError(f"{MAX_BAD_STEPS} non-finite updates in a row: stopping; the last good "
-                               f"checkpoint is {self.last_path}")
 
     # --- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -200,12 +143,6 @@ class Trainer:
         return False
 
     # --- the loop ---------------------------------------------------------------------------
-    def _out_of_budget(self, eval_reserve: float) -> bool:
-        t = self.cfg.train
-        if t.max_steps and self.state.step >= t.max_steps:
-            return True
-        return bool(t.max_minutes) and self.state.elapsed_s + eval_reserve >= t.max_minutes * 60
-
     def fit(self) -> dict[str, float]:
         """Train until max_epochs, max_steps or the wall-clock budget; returns the last dev metrics."""
         t = self.cfg.train
@@ -238,7 +175,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}", tok_s=f"{tok_s:,.0f}")
                     window_tokens, window_start = 0, time.monotonic()
                 bar.update(1)
-                if self._out_of_budget(eval_reserve):
+                if self.out_of_budget(eval_reserve):
                     stopped = True
                     break
                 if time.monotonic() - last_save > t.save_every_minutes * 60:
