@@ -43,6 +43,21 @@ def corpus_files(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 
 
 @pytest.fixture(scope="session")
+def trained(tmp_path_factory, corpus_files):
+    """prepare -> train six steps through the CLI; returns (data dir, run dir)."""
+    from attnkit.cli import main
+
+    root = tmp_path_factory.mktemp("cli")
+    prefix = Path(corpus_files["train"][0]).with_suffix("")
+    assert main(["prepare", "--src", "de", "--tgt", "en", "--train", prefix, "--valid", prefix.parent / "valid",
+                 "--test", prefix.parent / "test", "--vocab-size", "100", "--out", root / "data"]) == 0
+    assert main(["train", "--data", root / "data", "--out", root / "run", "--quiet", "--train.max_steps=6",
+                 "--model.d_model", "16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=300",
+                 "--train.device=cpu"]) == 0
+    return root / "data", root / "run"
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, corpus_files) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(out, corpus_files["train"], corpus_files["valid"], corpus_files["test"], vocab_size=120)

@@ -18,19 +18,6 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, corpus_files):
-    """prepare -> train through the CLI; returns (data dir, run dir)."""
-    root = tmp_path_factory.mktemp("cli")
-    prefix = Path(corpus_files["train"][0]).with_suffix("")
-    assert main(["prepare", "--src", "de", "--tgt", "en", "--train", prefix, "--valid", prefix.parent / "valid",
-                 "--test", prefix.parent / "test", "--vocab-size", "100", "--out", root / "data"]) == 0
-    assert main(["train", "--data", root / "data", "--out", root / "run", "--quiet", "--train.max_steps=6",
-                 "--model.d_model", "16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=300",
-                 "--train.device=cpu"]) == 0
-    return root / "data", root / "run"
-
-
 def test_prepare_train_translate_evaluate(capsys, tmp_path, trained, corpus_files):
     data, run_dir = trained
     assert (run_dir / "checkpoints" / "best.safetensors").exists()

@@ -14,7 +14,6 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from attnkit.cli import main  # noqa: E402
 from attnkit.decode.translator import Translator  # noqa: E402
 from attnkit.serve import create_app  # noqa: E402
 
@@ -34,18 +33,11 @@ class CountingTranslator(Translator):
 
 
 @pytest.fixture(scope="module")
-def translator(tmp_path_factory, corpus_files) -> CountingTranslator:
-    """prepare -> train six steps through the CLI, as tests/test_cli.py does; loaded on the CPU."""
-    root = tmp_path_factory.mktemp("serve")
-    prefix = Path(corpus_files["train"][0]).with_suffix("")
-    assert main(["prepare", "--src", "de", "--tgt", "en", "--train", prefix, "--valid", prefix.parent / "valid",
-                 "--test", prefix.parent / "test", "--vocab-size", "100", "--out", root / "data"]) == 0
-    assert main(["train", "--data", root / "data", "--out", root / "run", "--quiet", "--train.max_steps=6",
-                 "--model.d_model", "16", "--model.n_heads=2", "--model.d_ff=32", "--train.max_tokens=300",
-                 "--train.device=cpu"]) == 0
-    translator = CountingTranslator.from_checkpoint(root / "run" / "checkpoints" / "last.safetensors", "cpu")
+def translator(trained) -> CountingTranslator:
+    """The tiny run of conftest's `trained` (prepare -> train six steps through the CLI), on the CPU."""
+    translator = CountingTranslator.from_checkpoint(trained[1] / "checkpoints" / "last.safetensors", "cpu")
     translator.calls = []
-    translator.checkpoint_path = root / "run" / "checkpoints" / "last.safetensors"
+    translator.checkpoint_path = trained[1] / "checkpoints" / "last.safetensors"
     return translator
 
 
