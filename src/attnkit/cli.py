@@ -64,15 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-tgt-len", type=int, default=256)
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
-    t = sub.add_parser("train", help="train a Transformer on a prepared corpus")
-    t.set_defaults(takes_overrides=True)
-    t.add_argument("--data", required=True, help="folder written by `attnkit prepare`")
-    t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
-    t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
-                   help="YAML preset name or file; repeat to layer (default: transformer-small)")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.safetensors")
-    t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t = sub.add_parser("train", help="train a seq2seq model (Transformer, rnn-*) on a prepared corpus")
+    add_train_options(t, "attnkit prepare", "transformer-small")
 
     tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling")
     tr.add_argument("--checkpoint", required=True)
@@ -120,6 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name in VERB_MODULES:
         COMMANDS.update(importlib.import_module(name).add_parsers(sub))
     return p
+
+
+def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str) -> None:
+    """The options every training verb shares; it also takes dotted config overrides."""
+    t.set_defaults(takes_overrides=True)
+    t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")
+    t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
+    t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
+                   help=f"YAML preset name or file; repeat to layer (default: {default_config})")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.safetensors")
+    t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from attnkit.cli import add_train_options
+
 DEFAULT_PRESET = "lm-char-small"
 
 
@@ -35,14 +37,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     p.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = verbs.add_parser("train", help="train a Transformer-XL or vanilla LM on a prepared corpus")
-    t.set_defaults(takes_overrides=True)
-    t.add_argument("--data", required=True, help="folder written by `attnkit lm prepare`")
-    t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
-    t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
-                   help=f"YAML preset or file; repeat to layer (default: {DEFAULT_PRESET}; with --resume: the run's)")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.safetensors")
-    t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_train_options(t, "attnkit lm prepare", f"{DEFAULT_PRESET}; with --resume: the run's")
 
     e = verbs.add_parser("eval", help="loss, perplexity, bits per character and tokens/s of a checkpoint")
     e.add_argument("--checkpoint", required=True)
