@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -124,3 +125,52 @@ def test_the_model_section_kind_picks_the_config_class():
     assert cfgmod.from_dict(cfgmod.RunConfig, cfgmod.to_dict(cfg)) == cfg
     with pytest.raises(ConfigError, match="model.kind: unknown model kind 'nope'"):
         cfgmod.resolve(["transformer-small"], ["model.kind=nope"])
+
+
+# --- the fast paths: bf16 autocast and torch.compile (so they cannot rot) ----------------------------
+def _fit(tmp_path, data_dir, name: str, **train) -> Trainer:
+    from attnkit import config as cfgmod
+
+    cfg = tiny_run_config(max_steps=6, **train)
+    cfg = cfgmod.replace(cfg, model=cfgmod.replace(cfg.model, dropout=0.0))  # compiled dropout draws other masks
+    trainer = Trainer(cfg, data_dir, tmp_path / name, progress=False)
+    trainer.fit()
+    return trainer
+
+
+def test_bf16_autocast_computes_in_bf16_and_trains_like_float32(tmp_path, data_dir, monkeypatch):
+    from attnkit.train import trainer as trainer_mod
+
+    dtypes = []
+    forward = trainer_mod.training_forward
+
+    def recording_forward(model, batch):
+        logits, aux = forward(model, batch)
+        dtypes.append(logits.dtype)
+        return logits, aux
+
+    monkeypatch.setattr(trainer_mod, "training_forward", recording_forward)
+    f32 = _fit(tmp_path, data_dir, "f32")
+    assert set(dtypes) == {torch.float32}
+    dtypes.clear()
+    bf16 = _fit(tmp_path, data_dir, "bf16", dtype="bfloat16")
+    assert set(dtypes) == {torch.bfloat16}  # the matrix products ran in bf16
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # the master weights stay float32
+    a, b = f32.evaluate()["loss"], bf16.evaluate()["loss"]
+    assert abs(a - b) < 0.02 * a, (a, b)
+
+
+# Inductor generates and compiles C++ for every kernel: minutes on 2 cores, so it runs on request
+# (ATTNKIT_TEST_INDUCTOR=1); aot_eager captures the same graphs (dynamo + AOT autograd) without code generation.
+INDUCTOR = pytest.param("inductor", marks=pytest.mark.skipif(not os.environ.get("ATTNKIT_TEST_INDUCTOR"),
+                                                             reason="set ATTNKIT_TEST_INDUCTOR=1 (slow)"))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", INDUCTOR])
+def test_a_compiled_model_trains_like_the_eager_one(tmp_path, data_dir, backend):
+    eager = _fit(tmp_path, data_dir, "eager")
+    compiled = _fit(tmp_path, data_dir, backend, compile=True, compile_backend=backend)
+    assert list(compiled.model.state_dict()) == list(eager.model.state_dict())  # compiled in place: same names
+    for name, tensor in eager.model.state_dict().items():
+        torch.testing.assert_close(compiled.model.state_dict()[name], tensor, rtol=1e-3, atol=1e-4, msg=name)
+    assert load_checkpoint(tmp_path / backend / "checkpoints" / "last.safetensors").train_state["step"] == 6

@@ -12,11 +12,12 @@ import sys
 import warnings
 
 from attnkit.errors import AttnkitError
+from attnkit.io import trust_pickle
 
 SECTIONS = ("model.", "train.")
 # Model families and tools that bring their own verbs: each module has
 # `add_parsers(sub) -> {verb: function(args, overrides)}` and imports heavy modules lazily.
-VERB_MODULES: tuple[str, ...] = ("attnkit.plot_cli", "attnkit.lm_cli", "attnkit.experiment_cli")
+VERB_MODULES: tuple[str, ...] = ("attnkit.plot_cli", "attnkit.lm_cli", "attnkit.experiment_cli", "attnkit.bench_cli")
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_options(t, "attnkit prepare", "transformer-small")
 
     tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling")
-    tr.add_argument("--checkpoint", required=True)
+    add_checkpoint_option(tr)
     tr.add_argument("--input", default="-", help="file (plain or .gz) or - for stdin")
     tr.add_argument("--output", default="-", help="file or - for stdout")
     tr.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--device", default="auto")
 
     sc = sub.add_parser("score", help="forced decoding: log P(target | source) for each line pair")
-    sc.add_argument("--checkpoint", required=True)
+    add_checkpoint_option(sc)
     sc.add_argument("--src", required=True, help="source file")
     sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
     sc.add_argument("--device", default="auto")
@@ -96,9 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("--last", type=int, default=5, help="with --run: how many of the latest epochs")
     av.add_argument("--out", required=True, help="the averaged checkpoint to write")
     av.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    add_trust_option(av)
 
     sv = sub.add_parser("serve", help="an HTTP JSON translation service (FastAPI + uvicorn; extra 'serve')")
-    sv.add_argument("--checkpoint", required=True)
+    add_checkpoint_option(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--device", default="auto")
@@ -113,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name in VERB_MODULES:
         COMMANDS.update(importlib.import_module(name).add_parsers(sub))
     return p
+
+
+def add_checkpoint_option(p: argparse.ArgumentParser, **kw) -> None:
+    p.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by attnkit", **kw)
+    add_trust_option(p)
+
+
+def add_trust_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="also load pickle / torch.save checkpoints, which can run code: only files you trust")
 
 
 def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str) -> None:
@@ -195,7 +207,7 @@ def cmd_train(args, overrides: list[str]) -> None:
 
 
 def cmd_translate(args, overrides: list[str]) -> None:
-    from attnkit.data import read_lines
+    from attnkit.data import iter_lines, read_lines
     from attnkit.decode import Translator
     from attnkit.io import atomic_write_text, ensure_new_output
 
@@ -211,11 +223,11 @@ def cmd_translate(args, overrides: list[str]) -> None:
         return "".join(format_translation(first + i, t, args) for i, t in enumerate(results))
 
     if args.interactive:
-        for n, line in enumerate(sys.stdin):
-            sys.stdout.write(render([line.rstrip("\n")], n))
+        for n, line in enumerate(iter_lines(sys.stdin)):
+            sys.stdout.write(render([line], n))
             sys.stdout.flush()
         return
-    lines = sys.stdin.read().splitlines() if args.input == "-" else read_lines(args.input)
+    lines = list(iter_lines(sys.stdin)) if args.input == "-" else read_lines(args.input)
     if prefixes is not None and len(prefixes) != len(lines):
         raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
     text = render(lines, prefixes=prefixes)
@@ -289,12 +301,17 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(rest)
         if overrides and not getattr(args, "takes_overrides", False):
             raise AttnkitError(f"config overrides ({overrides[0]}) only apply to verbs that train")
-        with warnings.catch_warnings():
-            warnings.simplefilter("default")
-            COMMANDS[args.verb](args, overrides)
+        trust = trust_pickle.set(getattr(args, "trust_checkpoint", False))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("default")
+                COMMANDS[args.verb](args, overrides)
+        finally:
+            trust_pickle.reset(trust)
     except AttnkitError as e:
-        print(f"attnkit: error: {e}", file=sys.stderr)
-        return 2
+        code = getattr(e, "exit_code", 2)  # 2: a usage error; 128 + N: training stopped by signal N
+        print(f"attnkit: {'error: ' if code == 2 else ''}{e}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("attnkit: interrupted", file=sys.stderr)
         return 130

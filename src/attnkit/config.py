@@ -8,6 +8,7 @@ The resolved config is written into the run folder and saved inside every checkp
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +20,19 @@ import yaml
 from attnkit.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "configs"
+
+
+def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
+    """Sizes must be at least 1: a zero or negative one fails later, deep inside torch, or divides by zero."""
+    for name in names:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{section}.{name} must be at least 1, not {getattr(cfg, name)}")
+
+
+def _check_fractions(cfg: Any, *names: str) -> None:
+    for name in names:
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ConfigError(f"model.{name} must be in [0, 1), not {getattr(cfg, name)}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,9 @@ class TransformerConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
+        _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
+                        "n_decoder_layers", "max_positions")
+        _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.activation not in ("relu", "gelu"):
@@ -70,6 +87,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no clipping
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
+    compile: bool = False  # torch.compile the model's forward (and so its backward) for training
+    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
     seed: int = 1
     device: str = "auto"
     log_every: int = 50
@@ -79,6 +98,7 @@ class TrainConfig:
     max_len_a: float = 1.2  # decoding length limit a*|src| + b
     max_len_b: int = 10
     save_every_minutes: float = 10.0  # also save `last` mid-epoch so a kill loses little
+    save_every_steps: int = 0  # and every this many updates (0 = by time only)
     keep_epochs: int = 5  # per-epoch weights kept for `attnkit average` (0 = none)
 
     def __post_init__(self) -> None:
@@ -90,6 +110,10 @@ class TrainConfig:
             raise ConfigError(f"train.best_metric must be loss or bleu, not {self.best_metric!r}")
         if self.max_tokens <= 0 or self.accumulate <= 0:
             raise ConfigError("train.max_tokens and train.accumulate must be positive")
+        if self.lr is not None and not 0.0 < self.lr < float("inf"):
+            raise ConfigError(f"train.lr must be a positive number, not {self.lr}")
+        if min(self.warmup, self.max_steps, self.max_epochs) < 0:
+            raise ConfigError("train.warmup, max_steps and max_epochs must not be negative")
 
 
 # Model kind -> its config dataclass. Every model config has a `kind` field, so a YAML `model:`
@@ -111,9 +135,15 @@ RUN_CONFIGS: dict[str, type] = {}
 
 
 def model_config_class(kind: Any, where: str = "model.kind") -> type:
-    if kind not in MODEL_CONFIGS:
+    if not isinstance(kind, str) or kind not in MODEL_CONFIGS:
         raise ConfigError(f"{where}: unknown model kind {kind!r} (known: {', '.join(sorted(MODEL_CONFIGS))})")
     return MODEL_CONFIGS[kind]
+
+
+def _model_kind(data: dict) -> Any:
+    """The `kind` a config's model section names (the Transformer when it names none)."""
+    model = data.get("model")
+    return model.get("kind", "transformer") if isinstance(model, dict) else "transformer"
 
 
 def to_dict(cfg: Any) -> dict:
@@ -126,15 +156,13 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = dict(typing.get_type_hints(cls))
     if hints.get("model") is Any:  # a run config: the model section's `kind` picks its class
-        model = data.get("model", {})
-        kind = model.get("kind", "transformer") if isinstance(model, dict) else "transformer"
-        hints["model"] = model_config_class(kind, f"{where + '.' if where else ''}model.kind")
+        hints["model"] = model_config_class(_model_kind(data), f"{where + '.' if where else ''}model.kind")
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
         if key not in names:
-            raise ConfigError(f"unknown config key '{path}' (known: {', '.join(sorted(names))})")
+            raise ConfigError(f"unknown config key {path!r} (known: {', '.join(sorted(names))})")
         kwargs[key] = _coerce(hints[key], value, path)
     try:
         return cls(**kwargs)
@@ -156,6 +184,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         return tuple(_coerce(a, v, path) for a, v in zip(args, value))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+        return _float(value, path)
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{path}: expected true or false, got {value!r}")
     if tp in (int, float, str) and (not isinstance(value, tp) or (tp is int and isinstance(value, bool))):
@@ -163,35 +193,64 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     return value
 
 
+def _float(text: str, path: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{path}: expected float, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{path}: expected a finite number, got {text!r}")
+    return value
+
+
 def preset_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
-            raise ConfigError(f"no such config file: {path}")
+            raise ConfigError(f"no such config file: {str(path)!r}")
         return path
     candidate = PRESET_DIR / f"{name_or_path}.yaml"
     if not candidate.exists():
         known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown preset '{name_or_path}' (known: {known})")
+        raise ConfigError(f"unknown preset {name_or_path!r} (known: {known})")
     return candidate
 
 
-def load_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config {path}: {e}") from None
+def load_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict:
+    data = _parse_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     # A preset may build on another: `base: transformer-small`.
     base = data.pop("base", None)
-    return deep_merge(load_yaml(preset_path(base)), data) if base else data
+    if not base:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base: expected a preset name or file, got {base!r}")
+    base_path = preset_path(base)
+    if base_path.resolve() in _seen + (path.resolve(),):
+        raise ConfigError(f"{path}: base: {base!r} builds on itself")
+    return deep_merge(load_yaml(base_path, _seen + (path.resolve(),)), data)
+
+
+def _parse_yaml(path: Path) -> Any:
+    """The YAML document in `path`; every way it can be unreadable becomes a one-line ConfigError."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: invalid YAML ({e.problem or e.context or 'syntax error'})") from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, most control characters)
+        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise ConfigError(f"{path}: invalid YAML ({e.reason}: {char} at character {e.position})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML (nested too deeply)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from None
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -209,7 +268,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = raw
     return key.split("."), value
 
@@ -219,7 +278,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for text in overrides:
         keys, value = parse_override(text)
         node = data
-        for k in keys[:-1]:
+        for depth, k in enumerate(keys[:-1], start=1):
+            if not isinstance(node.get(k) or {}, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(keys[:depth])} is a value, not a section")
             node[k] = dict(node.get(k) or {})
             node = node[k]
         node[keys[-1]] = value
@@ -234,9 +295,8 @@ def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type | None
         data = deep_merge(data, load_yaml(preset_path(p)))
     data = apply_overrides(data, list(overrides))
     if cls is None:
-        model = data.get("model")
-        cls = RUN_CONFIGS.get(model.get("kind", "transformer") if isinstance(model, dict) else "transformer",
-                              RunConfig)
+        kind = _model_kind(data)
+        cls = RUN_CONFIGS.get(kind, RunConfig) if isinstance(kind, str) else RunConfig
     return from_dict(cls, data)
 
 
@@ -267,18 +327,38 @@ class TransformerXLConfig:
     activation: str = "relu"
     norm_first: bool = False  # False = post-LN (both papers); True = pre-LN
     same_length: bool = False  # XL: every query attends to the same number (mem_len) of keys
-    tie_output: bool = True  # output projection = input embedding matrix
+    tie_output: bool = True  # output word vectors = input embedding (with cutoffs: tables and projections per cluster)
     max_positions: int = 1024  # vanilla: the absolute-position table grows beyond this when needed
+    # Adaptive input + adaptive softmax over the frequency-sorted vocabulary: cluster boundaries (ids below
+    # cutoffs[0] are the head's shortlist; [] = one table and the full softmax), and the embedding size of
+    # cluster i is d_model // div_val**i (Transformer-XL's div_val; 1 = full size everywhere).
+    cutoffs: list[int] = field(default_factory=list)
+    div_val: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in LM_KINDS:
             raise ConfigError(f"model.kind must be one of {', '.join(LM_KINDS)}, not {self.kind!r}")
+        _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
         if self.activation not in ("relu", "gelu"):
             raise ConfigError(f"model.activation must be relu or gelu, not {self.activation!r}")
         if self.vocab_size <= 0 or self.n_layers <= 0:
             raise ConfigError("model.vocab_size and model.n_layers must be positive")
+        self._check_clusters()
+
+    def _check_clusters(self) -> None:
+        """cutoffs: increasing positive ints (stored as a list); every cluster keeps at least one dimension.
+        That they stay below the vocabulary size is checked when the model is built (the corpus sets it)."""
+        cutoffs = self.cutoffs
+        if not isinstance(cutoffs, list | tuple) or not all(type(c) is int and c > 0 for c in cutoffs) or any(
+                b <= a for a, b in zip(cutoffs, cutoffs[1:])):
+            raise ConfigError(f"model.cutoffs must be a list of increasing positive integers, not {cutoffs!r}")
+        object.__setattr__(self, "cutoffs", list(cutoffs))  # frozen: normalise a tuple given in Python
+        _check_positive(self, "div_val")
+        if self.d_model // self.div_val ** len(cutoffs) < 1:
+            raise ConfigError(f"model.div_val={self.div_val}: the last of {len(cutoffs) + 1} clusters would have "
+                              f"d_model // div_val**{len(cutoffs)} = 0 dimensions")
 
 
 @dataclass(frozen=True)
@@ -303,6 +383,8 @@ class LMTrainConfig:
     max_steps: int = 1000  # 0 = no limit (cosine needs it as its horizon)
     max_minutes: float = 0.0  # wall-clock budget (0 = none)
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
+    compile: bool = False  # torch.compile the model's forward (and so its backward) for training
+    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
     seed: int = 1
     device: str = "auto"
     eval_interval: int = 200  # updates between validation passes (and `last` checkpoints)
@@ -372,6 +454,7 @@ class RNNConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        _check_positive(self, "src_vocab_size", "tgt_vocab_size", "max_positions")
         if min(self.embed_dim, self.hidden, self.n_encoder_layers, self.n_decoder_layers, self.gumbel_tau) <= 0:
             raise ConfigError("model.embed_dim, hidden, n_*_layers and gumbel_tau must be positive")
         if self.bidirectional and self.hidden % 2:

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.cli import add_decode_options, decode_options
+from attnkit.cli import add_decode_options, add_trust_option, decode_options
 from attnkit.errors import AttnkitError
 
 
@@ -37,6 +37,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     b.set_defaults(run=cmd_by_length)
     b.add_argument("--checkpoints", nargs="+", required=True, metavar="[LABEL=]PATH",
                    help="checkpoints to compare; the label defaults to the run folder's name")
+    add_trust_option(b)
     b.add_argument("--data", help="prepared data folder: translate its --split")
     b.add_argument("--split", choices=["valid", "test"], default="test")
     b.add_argument("--src", help="source file (instead of --data)")

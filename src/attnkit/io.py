@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,14 +17,22 @@ from attnkit.errors import AttnkitError
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", *,
+                backup: str | os.PathLike | None = None) -> Iterator[IO]:
     """Open a temp file beside `path`; on success fsync and rename it over `path`.
 
-    A crash (or SIGKILL) at any moment leaves either the old file or the new one, never a mix.
+    With `backup`, the file `path` held is first renamed to `backup`: the newest good copy survives
+    even if the new file is later found damaged (there is a moment where only `backup` exists).
+
+    A crash (or SIGKILL) at any moment leaves either the old file or the new one, never a mix. A failed
+    write (full disk, lost permission) removes the temp file and raises an AttnkitError naming `path`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _write_error(path, e) from None
     binary = "b" in mode
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
@@ -29,11 +40,21 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
             yield f
             f.flush()
             os.fsync(f.fileno())
+        if backup is not None and path.exists():
+            os.replace(path, backup)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _write_error(path, e) from None
         raise
+
+
+def _write_error(path: Path, e: OSError) -> AttnkitError:
+    hint = " (disk full)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    kept = f"; the previous {path.name} is unchanged" if path.exists() else ""
+    return AttnkitError(f"cannot write '{path}': {e.strerror or e}{hint}{kept}")
 
 
 def _umask() -> int:
@@ -47,8 +68,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_open(path, "wb") as f:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, backup: str | os.PathLike | None = None) -> None:
+    with atomic_open(path, "wb", backup=backup) as f:
         f.write(data)
 
 
@@ -74,3 +95,15 @@ def ensure_writable_dir(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise AttnkitError(f"cannot write to folder '{path}': {e.strerror or e}") from None
     return path
+
+
+def ensure_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
+    """Fail now, not after an hour of training, when `path`'s file system cannot hold `needed` bytes."""
+    free = shutil.disk_usage(path).free
+    if free < needed:
+        raise AttnkitError(f"only {free / 2**20:,.0f} MiB free in '{path}', but {what} needs about "
+                           f"{needed / 2**20:,.0f} MiB: free some space or choose another --out")
+
+
+# Whether checkpoints that need pickle may be loaded (`--trust-checkpoint`); see attnkit.train.checkpoint.
+trust_pickle: contextvars.ContextVar[bool] = contextvars.ContextVar("trust_pickle", default=False)

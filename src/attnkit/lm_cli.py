@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from attnkit.cli import add_train_options
+from attnkit.cli import add_checkpoint_option, add_train_options
 
 DEFAULT_PRESET = "lm-char-small"
 
@@ -40,7 +40,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_train_options(t, "attnkit lm prepare", f"{DEFAULT_PRESET}; with --resume: the run's")
 
     e = verbs.add_parser("eval", help="loss, perplexity, bits per character and tokens/s of a checkpoint")
-    e.add_argument("--checkpoint", required=True)
+    add_checkpoint_option(e)
     e.add_argument("--data", required=True, help="prepared corpus folder")
     e.add_argument("--split", default="valid", choices=["train", "valid", "test"])
     e.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval length)")
@@ -53,7 +53,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.add_argument("--device", default="auto")
 
     g = verbs.add_parser("generate", help="sample text, carrying the XL memory forward one token per step")
-    g.add_argument("--checkpoint", required=True)
+    add_checkpoint_option(g)
     g.add_argument("--prompt", default="", help="text to continue (default: start of a line)")
     g.add_argument("--length", type=int, default=200, help="tokens to generate")
     g.add_argument("--mem-len", type=int, help="XL memory / vanilla window (default: the run's eval memory)")

@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from attnkit.cli import add_checkpoint_option
 from attnkit.errors import AttnkitError
 
 HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
@@ -20,7 +21,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
     a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
-    a.add_argument("--checkpoint", required=True)
+    add_checkpoint_option(a)
     a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
     a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
     a.add_argument("--layer", default="all", help="layer number (1-based, -1 = last) or all (default)")

@@ -10,7 +10,7 @@ from attnkit.data.dataset import (
     prepare,
 )
 from attnkit.data.demo_corpus import make_number_corpus, write_number_corpus
-from attnkit.data.text import read_lines, read_parallel, resolve_prefix, write_lines
+from attnkit.data.text import iter_lines, read_lines, read_parallel, resolve_prefix, write_lines
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, SubwordTokenizer
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "SubwordTokenizer",
     "TokenBatchSampler",
     "collate",
+    "iter_lines",
     "iterate_batches",
     "load_split",
     "load_tokenizers",

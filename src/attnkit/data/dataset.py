@@ -26,7 +26,7 @@ import safetensors.numpy
 
 from attnkit.data.text import read_parallel, write_lines
 from attnkit.data.tokenizer import SubwordTokenizer
-from attnkit.errors import DataError
+from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes, atomic_write_json, ensure_new_output
 
 SPLIT_NAMES = ("train", "valid", "test")
@@ -183,6 +183,41 @@ def _remove_stale(out_dir: Path) -> None:
         (out_dir / name).unlink(missing_ok=True)
 
 
+def _encode_split(
+    name: str,
+    src: list[str],
+    tgt: list[str],
+    src_tok: SubwordTokenizer,
+    tgt_tok: SubwordTokenizer,
+    max_src_len: int,
+    max_tgt_len: int,
+) -> tuple[EncodedSplit, SplitCounts]:
+    """Encode one split; only train is filtered (valid/test are scored against every reference line)."""
+    src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
+    if name != "train":
+        return EncodedSplit.from_pairs(src_ids, tgt_ids), SplitCounts(kept=len(src))
+    keep, counts = _filter_train(src, tgt, src_ids, tgt_ids, max_src_len, max_tgt_len)
+    return EncodedSplit.from_pairs([src_ids[i] for i in keep], [tgt_ids[i] for i in keep]), counts
+
+
+def _check_lengths(max_src_len: int, max_tgt_len: int) -> None:
+    if max_src_len < 1 or max_tgt_len < 1:
+        raise ConfigError(f"--max-src-len and --max-tgt-len must be at least 1, got {max_src_len} and {max_tgt_len}")
+
+
+def _check_out_dir(out_dir: Path) -> Path:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"data folder '{out_dir}' is a file, not a folder")
+    return out_dir
+
+
+def _make_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create data folder '{out_dir}': {e.strerror or e}") from None
+
+
 def prepare(
     out_dir: str | os.PathLike,
     train: PathPair,
@@ -198,27 +233,31 @@ def prepare(
     seed: int = 0,
 ) -> PrepareReport:
     """Train tokenizer(s) on the training text, encode every split and write the data folder."""
-    out_dir = ensure_new_output(out_dir, force, what="data folder")
+    _check_lengths(max_src_len, max_tgt_len)
+    out_dir = _check_out_dir(ensure_new_output(out_dir, force, what="data folder"))
     # read everything before writing anything: a bad valid file must not leave a half-made folder
     given = {name: paths for name, paths in zip(SPLIT_NAMES, (train, valid, test)) if paths is not None}
     texts = {name: read_parallel(*paths) for name, paths in given.items()}
-    src_tok, tgt_tok = _train_tokenizers(
-        *texts["train"], vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        src_tok, tgt_tok = _train_tokenizers(
+            *texts["train"], vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed
+        )
+    except DataError as e:
+        raise DataError(f"{given['train'][0]}, {given['train'][1]}: {e}") from None
+    splits = {name: _encode_split(name, src, tgt, src_tok, tgt_tok, max_src_len, max_tgt_len)
+              for name, (src, tgt) in texts.items()}
+    if splits["train"][1].kept == 0:
+        raise DataError(f"{given['train'][0]}, {given['train'][1]}: no training pairs left "
+                        f"({splits['train'][1].summary()}; see --max-src-len / --max-tgt-len)")
+    _make_dir(out_dir)
     _remove_stale(out_dir)
     _save_tokenizers(out_dir, src_tok, tgt_tok)
     report = PrepareReport()
-    for name, (src, tgt) in texts.items():
-        src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
-        if name == "train":
-            keep, counts = _filter_train(src, tgt, src_ids, tgt_ids, max_src_len, max_tgt_len)
-            src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
-        else:  # scored against every reference line, so nothing may be dropped
-            counts = SplitCounts(kept=len(src))
-            write_lines(out_dir / f"{name}.src.txt", src)
-            write_lines(out_dir / f"{name}.tgt.txt", tgt)
-        EncodedSplit.from_pairs(src_ids, tgt_ids).save(out_dir / f"{name}.safetensors")
+    for name, (split, counts) in splits.items():
+        if name != "train":  # the references BLEU is computed against
+            write_lines(out_dir / f"{name}.src.txt", texts[name][0])
+            write_lines(out_dir / f"{name}.tgt.txt", texts[name][1])
+        split.save(out_dir / f"{name}.safetensors")
         report.splits[name] = counts
     settings = {
         "vocab_size_requested": vocab_size,

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from attnkit.errors import DataError
 from attnkit.io import atomic_write_text
@@ -23,7 +26,7 @@ def _read_bytes(path: Path) -> bytes:
             with gzip.open(path, "rb") as f:
                 return f.read()
         return path.read_bytes()
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; corrupt deflate data a zlib.error
         raise DataError(f"{path}: cannot read: {e}") from None
 
 
@@ -32,12 +35,12 @@ def _strip_cr(line: bytes) -> bytes:
     return line[:-1] if line.endswith(b"\r") else line
 
 
-def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+def _decode_line(raw: bytes, path: Path | str, lineno: int) -> str:
     """Decode one line; decoding line by line is what lets the error carry a line number."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+        raise DataError(f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
@@ -46,11 +49,25 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     data = _read_bytes(path)
     if not data:
         raise DataError(f"{path} is empty")
+    return split_lines(data, path)
+
+
+def split_lines(data: bytes, name: Path | str) -> list[str]:
+    """Decoded lines of `data` (read from `name`) without their terminators."""
     # split on b"\n" only: str.splitlines would also split on \x0b, \x1c, U+2028 ... inside a sentence
     raw_lines = data.split(b"\n")
     if raw_lines[-1] == b"":
         raw_lines.pop()
-    return [_decode_line(_strip_cr(raw), path, i) for i, raw in enumerate(raw_lines, start=1)]
+    return [_decode_line(_strip_cr(raw), name, i) for i, raw in enumerate(raw_lines, start=1)]
+
+
+def iter_lines(stream: IO, name: str = "<stdin>") -> Iterator[str]:
+    """Lines of a stream (e.g. sys.stdin) as they arrive, split and decoded exactly as read_lines does."""
+    binary = getattr(stream, "buffer", None)  # a text stream would also split on \r and decode without line numbers
+    for lineno, raw in enumerate(stream if binary is None else binary, start=1):
+        if isinstance(raw, str):  # an in-memory text stream (io.StringIO)
+            raw = raw.encode("utf-8", "surrogatepass")
+        yield _decode_line(_strip_cr(raw.removesuffix(b"\n")), name, lineno)
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -23,9 +23,24 @@ MIN_VOCAB_SIZE = 8  # the 4 specials plus a few pieces; anything smaller cannot 
 MAX_TRAIN_SENTENCES = 2_000_000
 
 
-def _nonempty(texts: Iterable[str]) -> Iterator[str]:
-    """Empty lines carry no subword statistics and sentencepiece warns about each one."""
-    return (t for t in texts if t.strip())
+# sentencepiece skips training sentences longer than this many bytes (its default, passed explicitly)
+MAX_SENTENCE_BYTES = 4192
+
+
+def _trainable(texts: Iterable[str]) -> list[str]:
+    """Lines sentencepiece learns from: empty lines carry no statistics, over-long ones it would skip."""
+    return [t for t in texts if t.strip() and len(t.encode("utf-8", "surrogatepass")) <= MAX_SENTENCE_BYTES]
+
+
+def _training_error(e: RuntimeError) -> DataError:
+    """sentencepiece's status text (`INTERNAL: trainer_interface.cc(576) [...]`) as a sentence a user can act on."""
+    text = str(e).strip()
+    if "all_chars_count" in text:
+        return DataError("cannot train tokenizer: the text holds no characters it can learn from "
+                         "(only control, format or whitespace characters?)")
+    if "sentences_.empty()" in text:
+        return DataError("cannot train tokenizer: no usable training text")
+    return DataError(f"cannot train tokenizer: {' '.join(text.split())}")
 
 
 class SubwordTokenizer:
@@ -46,11 +61,14 @@ class SubwordTokenizer:
         """Train in memory; `hard_vocab_limit=False` lets tiny test corpora yield a smaller vocab."""
         if vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(f"vocab_size must be at least {MIN_VOCAB_SIZE}, got {vocab_size}")
+        sentences = _trainable(texts)
+        if not sentences:
+            raise DataError(f"cannot train tokenizer: every line is empty or longer than {MAX_SENTENCE_BYTES} bytes")
         spm.set_random_generator_seed(seed)  # sentence sampling and unigram EM are random
         model = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=_nonempty(texts),
+                sentence_iterator=iter(sentences),
                 model_writer=model,
                 vocab_size=vocab_size,
                 model_type=model_type,
@@ -63,11 +81,12 @@ class SubwordTokenizer:
                 byte_fallback=False,
                 num_threads=2,
                 input_sentence_size=MAX_TRAIN_SENTENCES,
+                max_sentence_length=MAX_SENTENCE_BYTES,
                 shuffle_input_sentence=True,
                 minloglevel=2,
             )
-        except RuntimeError as e:  # e.g. no text at all, or an unknown model_type
-            raise DataError(f"cannot train tokenizer: {e}") from None
+        except RuntimeError as e:  # e.g. only control characters, or an unknown model_type
+            raise _training_error(e) from None
         return cls.from_bytes(model.getvalue())
 
     @classmethod

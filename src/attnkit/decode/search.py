@@ -51,7 +51,7 @@ class StepRules:
 
     def apply(self, logp: torch.Tensor, t: int, history: torch.Tensor) -> torch.Tensor:
         """logp (N, V) at output position t, history (N, t) -> constrained log-probs (a new tensor)."""
-        logp = logp.clone()
+        model_logp, logp = logp, logp.clone()
         if t < self.min_len:
             logp[:, EOS_ID] = float("-inf")
         if self.no_repeat_ngram and t + 1 >= self.no_repeat_ngram:
@@ -59,10 +59,11 @@ class StepRules:
         if self.prefix is not None and t < self.prefix.size(1):
             forced = self.prefix[:, t]  # (N,)
             rows = forced.ne(PAD_ID).nonzero().squeeze(1)
-            kept = logp[rows, forced[rows]]
+            kept = model_logp[rows, forced[rows]]  # the prefix wins even where it repeats an n-gram
             logp[rows] = float("-inf")
             logp[rows, forced[rows]] = kept
-        at_limit = self.limits.le(t)  # (N,)
+        # a row whose every token is banned (e.g. no_repeat_ngram 1 after all tokens were used) must end here
+        at_limit = self.limits.le(t) | torch.isneginf(logp).all(dim=1)  # (N,)
         if at_limit.any():
             eos = logp[at_limit, EOS_ID]
             logp[at_limit] = float("-inf")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,16 +10,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode.beam import beam_search
 from attnkit.decode.greedy import greedy_search, sample
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
-from attnkit.errors import ConfigError
+from attnkit.errors import CheckpointError, ConfigError, DataError
 from attnkit.models import build_model
 from attnkit.runtime import resolve_device
-from attnkit.train.checkpoint import load_checkpoint
+from attnkit.train.checkpoint import load_checkpoint, load_weights
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,12 @@ class DecodeOptions:
             raise ConfigError(f"--nbest {self.nbest} needs --beam of at least {self.nbest}")
         if self.len_style not in ("length", "gnmt"):
             raise ConfigError(f"--len-style must be length or gnmt, not {self.len_style!r}")
-        if not 0.0 < self.top_p <= 1.0 or self.temperature <= 0 or self.top_k < 0:
+        if not 0.0 < self.top_p <= 1.0 or not self.temperature > 0 or self.top_k < 0:
             raise ConfigError("sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1")
+        if min(self.min_len, self.no_repeat_ngram) < 0:
+            raise ConfigError("--min-len and --no-repeat-ngram must not be negative")
+        if not all(math.isfinite(x) for x in (self.len_penalty, self.temperature, self.max_len_a or 0.0)):
+            raise ConfigError("--lenpen, --temperature and --max-len-a must be finite numbers")
 
 
 @dataclass
@@ -84,8 +90,10 @@ class Translator:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto") -> Translator:
         ckpt = load_checkpoint(path)
-        model = build_model(ckpt.kind, ckpt.config.model)
-        model.load_state_dict(ckpt.model_state)
+        if "src" not in ckpt.tokenizers:
+            raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model "
+                                  "(language models run with `attnkit lm eval` / `lm generate`)")
+        model = load_weights(build_model(ckpt.kind, ckpt.config.model), ckpt, path)
         src_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])
         tgt_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["tgt"]) if "tgt" in ckpt.tokenizers else src_tok
         t = ckpt.config.train
@@ -110,13 +118,23 @@ class Translator:
                       min_len=opts.min_len, prefix=prefix, no_repeat_ngram=opts.no_repeat_ngram,
                       need_attention=need_attention, attention_layer=opts.attention_layer)
         if opts.sampling:
-            gen = torch.Generator(device=self.device).manual_seed(opts.seed)
-            return sample(self.model, src, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
-                          generator=gen, **common)
+            return self._sample(src, opts, common)
         if opts.beam == 1:
             return greedy_search(self.model, src, **common)
         return beam_search(self.model, src, beam=opts.beam, nbest=opts.nbest, len_penalty=opts.len_penalty,
                            len_style=opts.len_style, **common)
+
+    def _sample(self, src: torch.Tensor, opts: DecodeOptions, common: dict) -> list[list[Hypothesis]]:
+        """`opts.nbest` independent samples per sentence (its rows repeated), most probable first."""
+        gen = torch.Generator(device=self.device).manual_seed(opts.seed)
+        n = opts.nbest
+        rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
+        if common["prefix"] is not None:
+            common = {**common, "prefix": common["prefix"].index_select(0, rows)}
+        drawn = sample(self.model, src.index_select(0, rows), temperature=opts.temperature, top_k=opts.top_k,
+                       top_p=opts.top_p, generator=gen, **common)
+        return [sorted((h for hyps in drawn[i * n : (i + 1) * n] for h in hyps), key=lambda h: -h.score)
+                for i in range(src.size(0))]
 
     def _prefix_batch(self, prefixes: list[str] | None, idx: list[int]) -> torch.Tensor | None:
         if prefixes is None:
@@ -134,6 +152,7 @@ class Translator:
         in `.nbest`. Batches hold at most `batch_size` sentences and, if set, `max_tokens` source tokens.
         """
         opts = options or DecodeOptions(**kw)
+        self._check_request(sentences, prefixes, opts, need_attention)
         src_ids = self.encode_sources(sentences)
         order = sorted(range(len(sentences)), key=lambda i: len(src_ids[i]))
         results: list[Translation | None] = [None] * len(sentences)
@@ -144,10 +163,24 @@ class Translator:
             for j, i in enumerate(idx):
                 n_src = int(batch.src[j].ne(0).sum())
                 src_pieces = self.src_tok.pieces(batch.src[j, :n_src].tolist())
-                hyps = [self._translation(sentences[i], src_pieces, h, n_src) for h in nbests[j]]
+                hyps = [self._translation(sentences[i], src_pieces, h, n_src) for h in _pad(nbests[j], opts.nbest)]
                 hyps[0].nbest = hyps[1:]
                 results[i] = hyps[0]
         return results  # type: ignore[return-value]
+
+    def _check_request(self, sentences: list[str], prefixes: list[str] | None, opts: DecodeOptions,
+                       need_attention: bool) -> None:
+        if prefixes is not None and len(prefixes) != len(sentences):
+            raise DataError(f"{len(prefixes)} prefixes for {len(sentences)} sentences: give one per sentence")
+        layers = self.attention_layers
+        if need_attention and not -layers <= opts.attention_layer < layers:
+            raise ConfigError(f"--alignment-layer {opts.attention_layer}: the model has {layers} cross-attention "
+                              f"layer(s), so use 0..{layers - 1} (or -{layers}..-1)")
+
+    @property
+    def attention_layers(self) -> int:
+        """Cross-attention maps per decoding step: one per Transformer decoder layer; RNNs have one."""
+        return self.model.config.n_decoder_layers if isinstance(self.model.config, TransformerConfig) else 1
 
     def _translation(self, source: str, src_pieces: list[str], h: Hypothesis, n_src: int) -> Translation:
         return Translation(source=source, text=self.tgt_tok.decode([h.tokens])[0], score=h.score,
@@ -160,6 +193,8 @@ class Translator:
 
     def score(self, sources: list[str], targets: list[str], batch_size: int = 64) -> list[float]:
         """Forced decoding: log P(target | source) per pair, EOS included."""
+        if len(sources) != len(targets):
+            raise DataError(f"{len(sources)} sources but {len(targets)} targets: score needs one target per source")
         src_ids = self.encode_sources(sources)
         tgt_ids = [np.asarray(ids, dtype=np.int64) for ids in self.tgt_tok.encode(targets)]
         out: list[float] = []
@@ -168,6 +203,12 @@ class Translator:
             batch = collate([(src_ids[i], tgt_ids[i]) for i in idx], idx).to(self.device)
             out += score_targets(self.model, batch.src, batch.tgt_in, batch.tgt_out).tolist()
         return out
+
+
+def _pad(hyps: list[Hypothesis], n: int) -> list[Hypothesis]:
+    """Exactly n hypotheses: where constraints leave fewer paths (a forced prefix, a tiny length limit), the last
+    one found is repeated, so that `--nbest n` always prints n lines per input."""
+    return hyps[:n] + hyps[-1:] * (n - len(hyps))
 
 
 def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:

@@ -9,6 +9,9 @@ Two ways to score a corpus:
 - `evaluate_sliding_window`: Al-Rfou et al.'s evaluation of the vanilla LM: every token is predicted
   from the W tokens before it, one prediction per window, everything recomputed — the cost the
   Transformer-XL paper compares against (section 4.1, table 9) and `speed_table` measures.
+
+Both ask the model for per-token NLLs (`model(x, mems, targets=y)`), which an adaptive softmax computes
+without building the (B, T, V) distribution.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class LMScores:
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of (..., V) logits against (...) targets; half-precision logits in float32."""
+    """Summed cross-entropy of (..., V) logits (or an adaptive model's log-probabilities) against (...) targets;
+    half-precision logits in float32. The LM trainer and evaluators use `model(x, targets=y)` instead."""
     logits = logits.float() if logits.element_size() < 4 else logits
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
 
@@ -75,8 +79,8 @@ def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 
     start = time.perf_counter()
     for x, y in streams:
         with autocast(device, dtype):
-            logits, mems = model(x.to(device), mems, mem_len=mem_len, clamp_len=clamp_len)  # (B, T, V)
-        nll, n = nll + token_nll(logits, y.to(device)).item(), n + y.numel()
+            token, mems = model(x.to(device), mems, targets=y.to(device), mem_len=mem_len, clamp_len=clamp_len)
+        nll, n = nll + token.sum().item(), n + y.numel()  # token: (B, T) NLL
         if max_tokens and n >= max_tokens:
             break
     return LMScores(nll, n, time.perf_counter() - start)
@@ -97,16 +101,15 @@ def evaluate_sliding_window(model, ids: torch.Tensor, *, window: int, batch_size
     start, nll = time.perf_counter(), 0.0
     head = ids[: min(window, n - 1)].to(device)[None]  # (1, W)
     with autocast(device, dtype):
-        logits = model(head)[0]  # (1, W, V)
-    nll += token_nll(logits, ids[1 : head.size(1) + 1].to(device)[None]).item()
+        nll += model(head, targets=ids[1 : head.size(1) + 1].to(device)[None])[0].sum().item()  # (1, W) NLL
     if n - 1 <= window:
         return LMScores(nll, n - 1, time.perf_counter() - start)
     windows = ids[: n - 1].unfold(0, window, 1)  # (N - W, W): row r = ids[r : r + W], predicting ids[r + W]
+    targets = ids[1:n].unfold(0, window, 1)  # (N - W, W): row r = ids[r + 1 : r + W + 1]
     for first in range(1, windows.size(0), batch_size):
-        x = windows[first : first + batch_size].to(device)  # (B, W)
+        x, y = windows[first : first + batch_size].to(device), targets[first : first + batch_size].to(device)
         with autocast(device, dtype):
-            last = model(x)[0][:, -1]  # (B, V)
-        nll += token_nll(last, ids[first + window : first + window + x.size(0)].to(device)).item()
+            nll += model(x, targets=y)[0][:, -1].sum().item()  # (B, W) NLL, scored at the last position only
     return LMScores(nll, n - 1, time.perf_counter() - start)
 
 
@@ -166,12 +169,11 @@ def load_lm_checkpoint(path, device: torch.device | str = "cpu"):
     from attnkit.data.lm import LMVocab
     from attnkit.errors import CheckpointError
     from attnkit.models import build_model
-    from attnkit.train.checkpoint import load_checkpoint
+    from attnkit.train.checkpoint import load_checkpoint, load_weights
     from attnkit.train.lm_trainer import VOCAB_BLOB
 
     ckpt = load_checkpoint(path)
     if ckpt.kind not in LM_KINDS or VOCAB_BLOB not in ckpt.tokenizers:
         raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a language model")
-    model = build_model(ckpt.kind, ckpt.config.model)
-    model.load_state_dict(ckpt.model_state)
+    model = load_weights(build_model(ckpt.kind, ckpt.config.model), ckpt, path)
     return model.to(device).eval(), LMVocab.from_bytes(ckpt.tokenizers[VOCAB_BLOB]), ckpt.config

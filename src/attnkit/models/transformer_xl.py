@@ -8,6 +8,14 @@ list of L tensors (B, M, D) — the inputs of each layer over the previous segme
 that list updated with this segment and cut to the last `mem_len` positions. Memory is never stored
 on the module, so the caller decides what carries over (ordered training streams, evaluation with a
 longer memory, sampling one token at a time). `need_weights=True` adds the attention weights per layer.
+`forward(x, mems, targets=y)` returns the per-token NLL (B, T) in place of the logits: training and
+evaluation take that path, which never builds (B, T, V) with the adaptive softmax.
+
+Word embeddings and the output layer are adaptive (`model.cutoffs`, `model.div_val`; attnkit.nn.adaptive):
+adaptive input (Baevski & Auli 2019) and the adaptive softmax (Grave et al. 2017) over the same clusters,
+tied per cluster (tables and projections) with `tie_output`, as Transformer-XL on WikiText-103. The
+"logits" are then log-probabilities (their softmax is the same distribution), so sampling and scoring
+code works unchanged. Without cutoffs both are the plain embedding table and full softmax.
 
 - TransformerXL: segment-level recurrence (section 3.2: each layer attends over the stop-gradient
   memory + the segment) and relative positions (section 3.3, `RelativeMultiHeadAttention`).
@@ -20,11 +28,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnkit.config import TransformerXLConfig
+from attnkit.errors import ConfigError
 from attnkit.nn import Dropout, EncoderLayer, FeedForward, SinusoidalPositions, causal_mask, sinusoid_table
+from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.layers import Residual
 from attnkit.nn.relative import RelativeMultiHeadAttention
 
@@ -57,21 +66,30 @@ class XLLayer(nn.Module):
         return self.ffn_block(x, self.ffn), weights
 
 
+def _rename_legacy_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Checkpoints written before the adaptive softmax kept the output bias as `out_bias`."""
+    if prefix + "out_bias" in state_dict:
+        state_dict[prefix + "softmax.bias"] = state_dict.pop(prefix + "out_bias")
+
+
 class _LanguageModel(nn.Module):
-    """What both LMs share: scaled token embedding, dropout, final norm and the (tied) output layer."""
+    """What both LMs share: scaled (adaptive) token embedding, dropout, final norm and the (tied, adaptive) output."""
 
     kind = ""
 
     def __init__(self, config: TransformerXLConfig):
         super().__init__()
         c = self.config = config
+        if c.cutoffs and c.cutoffs[-1] >= c.vocab_size:
+            raise ConfigError(f"model.cutoffs {c.cutoffs} must stay below the vocabulary size {c.vocab_size}")
         self.embed_scale = math.sqrt(c.d_model)  # as in both reference implementations
-        self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        nn.init.normal_(self.embed.weight, std=c.d_model**-0.5)  # unit variance after scaling
+        self.embed = AdaptiveEmbedding(c.vocab_size, c.d_model, c.cutoffs, c.div_val)  # unit variance after scaling
         self.dropout = Dropout(c.dropout)
         self.final_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()  # post-LN is normalised
-        self.out_proj = None if c.tie_output else nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.out_bias = nn.Parameter(torch.zeros(c.vocab_size))
+        # the output's own word vectors (`out_proj`, the untied output matrix's name), or tied: the input embedding's
+        self.out_proj = None if c.tie_output else AdaptiveEmbedding(c.vocab_size, c.d_model, c.cutoffs, c.div_val)
+        self.softmax = AdaptiveLogSoftmax(c.vocab_size, c.d_model, c.cutoffs)
+        self.register_load_state_dict_pre_hook(_rename_legacy_keys)
 
     @classmethod
     def from_config(cls, config: TransformerXLConfig) -> _LanguageModel:
@@ -82,10 +100,17 @@ class _LanguageModel(nn.Module):
     def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return self.embed(x) * self.embed_scale  # (B, T) -> (B, T, D)
 
-    def project(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (B, T, D) -> logits (B, T, V)."""
-        weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
-        return F.linear(self.dropout(self.final_norm(h)), weight, self.out_bias)
+    def output_words(self) -> AdaptiveEmbedding:
+        """The output layer's word vectors: the input embedding's when tied."""
+        return self.embed if self.out_proj is None else self.out_proj
+
+    def output(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states (B, T, D) -> logits (B, T, V) (log-probabilities with cutoffs), or with targets (B, T)
+        the per-token NLL (B, T)."""
+        h = self.dropout(self.final_norm(h))
+        if targets is None:
+            return self.softmax.logits(h, self.output_words())
+        return self.softmax.nll(h, self.output_words(), targets)
 
 
 class TransformerXL(_LanguageModel):
@@ -113,10 +138,10 @@ class TransformerXL(_LanguageModel):
             keep = keep & (dist < mem_len)
         return keep
 
-    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, mem_len: int = 0, clamp_len: int = 0,
-                need_weights: bool = False):
-        """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V), new mems L x (B, min(mem_len, M+T), D)
-        [, weights L x (B, H, T, S) when need_weights]."""
+    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
+                mem_len: int = 0, clamp_len: int = 0, need_weights: bool = False):
+        """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T), the NLL (B, T);
+        new mems L x (B, min(mem_len, M+T), D) [, weights L x (B, H, T, S) when need_weights]."""
         mems = mems or None
         t, m = x.size(1), 0 if mems is None else mems[0].size(1)
         h = self.dropout(self.embed_tokens(x))
@@ -127,9 +152,9 @@ class TransformerXL(_LanguageModel):
             inputs.append(h)
             h, w = layer(h, None if mems is None else mems[i], pos, mask=mask, need_weights=need_weights)
             weights.append(w)
-        logits = self.project(h)
+        out = self.output(h, targets)
         new_mems = self.update_mems(mems, inputs, mem_len)
-        return (logits, new_mems, weights) if need_weights else (logits, new_mems)
+        return (out, new_mems, weights) if need_weights else (out, new_mems)
 
     @staticmethod
     def update_mems(mems: Mems | None, inputs: Mems, mem_len: int) -> Mems:
@@ -156,17 +181,18 @@ class VanillaLM(_LanguageModel):
                          activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first)
             for _ in range(c.n_layers))
 
-    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, mem_len: int = 0, clamp_len: int = 0,
-                need_weights: bool = False):
-        """x (B, T) -> logits (B, T, V), [] [, weights L x (B, H, T, T)]. mems, mem_len, clamp_len are ignored."""
+    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
+                mem_len: int = 0, clamp_len: int = 0, need_weights: bool = False):
+        """x (B, T) -> logits (B, T, V) or, given targets (B, T), the NLL (B, T); [] [, weights L x (B, H, T, T)].
+        mems, mem_len, clamp_len are ignored."""
         h = self.dropout(self.positions(self.embed_tokens(x)))
         mask = causal_mask(x.size(1), device=x.device)  # (T, T)
         weights = []
         for layer in self.layers:
             h, w = layer(h, mask=mask, need_weights=need_weights)
             weights.append(w)
-        logits = self.project(h)
-        return (logits, [], weights) if need_weights else (logits, [])
+        out = self.output(h, targets)
+        return (out, [], weights) if need_weights else (out, [])
 
 
 @torch.no_grad()

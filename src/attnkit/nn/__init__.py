@@ -1,5 +1,6 @@
-"""Layers shared by every attention model: attention, positions, masks, feed-forward, blocks."""
+"""Layers shared by every attention model: attention, positions, masks, feed-forward, blocks, adaptive input/softmax."""
 
+from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product
 from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
@@ -7,6 +8,8 @@ from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
 
 __all__ = [
+    "AdaptiveEmbedding",
+    "AdaptiveLogSoftmax",
     "DecoderLayer",
     "Dropout",
     "EncoderLayer",

@@ -1,30 +1,50 @@
 """What every attnkit training loop shares: the run folder, the model with its optimizer and schedule,
-checkpoints with exact resume, the guard against non-finite updates, and the budget.
+checkpoints with exact resume, stopping cleanly on SIGINT / SIGTERM, the guard against non-finite
+updates, and the budget.
 
-A loop subclasses `TrainerBase`, calls `open_run` and `build` from its constructor, and names its state
-class (a dataclass with at least `step`, `elapsed_s` and `skipped`) and its tokenizer blobs.
+A loop subclasses `TrainerBase`, calls `open_run` and `build` from its constructor, names its state
+class (a dataclass with at least `step`, `elapsed_s`, `skipped` and `skipped_total`) and its tokenizer
+blobs, implements `run()` and calls `stop_if_asked()` after every update.
+
+`last.safetensors` is written atomically, and the one it replaces is kept as `prev.safetensors`: a
+resume whose `last` is damaged (truncated by a copy, a bad disk) goes on from `prev` with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import sys
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
-from attnkit.errors import AttnkitError
-from attnkit.io import atomic_write_text, ensure_writable_dir
+from attnkit.errors import AttnkitError, CheckpointError
+from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
 from attnkit.runtime import configure_backends, resolve_device, seed_everything
-from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from attnkit.train.metrics_log import MetricsLog
+from attnkit.train.checkpoint import Checkpoint, load_checkpoint, load_weights, save_checkpoint
+from attnkit.train.distributed import Distributed
+from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.schedules import make_schedule
 
 MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(AttnkitError):
+    """SIGINT / SIGTERM stopped training after a final checkpoint; the CLI exits with 128 + the signal."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 class TrainerBase:
@@ -33,36 +53,86 @@ class TrainerBase:
     state: Any
     log: MetricsLog
 
-    def open_run(self, run_dir: str | Path, *, resume: bool, force: bool) -> None:
-        """Check the run folder now (writable; a run there needs --resume or --force)."""
-        self.run_dir = ensure_writable_dir(run_dir)
+    def open_run(self, run_dir: str | Path, *, resume: bool, force: bool, device: str) -> None:
+        """Join the torchrun process group if there is one; check the run folder now (writable; a run
+        there needs --resume or --force). Only rank 0 writes into it."""
+        self.device = resolve_device(device)
+        self.dist = Distributed.from_env(self.device.type)
+        self.device = self.dist.device(self.device)
+        self.run_dir = ensure_writable_dir(run_dir) if self.dist.is_main else Path(run_dir)
         self.last_path = self.run_dir / "checkpoints" / "last.safetensors"
+        self.prev_path = self.run_dir / "checkpoints" / "prev.safetensors"
         self.best_path = self.run_dir / "checkpoints" / "best.safetensors"
-        if self.last_path.exists() and not (resume or force):
+        self.stop_signal: int | None = None
+        if (self.last_path.exists() or self.prev_path.exists()) and not (resume or force):
             raise AttnkitError(f"{self.run_dir} already holds a run; pass --resume to continue it "
                                "or --force to start over")
 
     def build(self) -> None:
         """Device, seed, model, optimizer and schedule from `self.cfg`."""
         t = self.cfg.train
-        self.device = resolve_device(t.device)
         configure_backends(self.device)
         seed_everything(t.seed)
         self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
+        if t.compile:  # in place: the state dict keeps its names; new shapes recompile (dynamic after the first)
+            self.model.compile(backend=t.compile_backend)
+        self.seed_rank(0)
         # AdamW: with weight_decay 0 it is exactly Adam; with decay it is decoupled (as fairseq's Adam).
         # The fused kernel updates all parameters in one pass: 12% faster steps for transformer-small on CPU.
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay, fused=self.device.type in ("cpu", "cuda"))
         self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
                                       total=t.max_steps)
+        weights = 4 * sum(p.numel() for p in self.model.parameters())  # float32 bytes
+        if self.dist.is_main:  # last + prev with Adam's two moments, best and the kept epochs as weights only
+            ensure_free_space(self.run_dir, 2 * 3 * weights + (1 + getattr(t, "keep_epochs", 0)) * weights,
+                              "this run's checkpoints")
+
+    def seed_rank(self, step: int) -> None:
+        """Ranks other than 0 draw their own dropout masks (DDP has made the weights equal)."""
+        if not self.dist.is_main:
+            torch.manual_seed(self.cfg.train.seed + 7919 * self.dist.rank + step)
 
     def start(self, resume: bool) -> None:
-        """Restore `last` when resuming, write the resolved config, open the logs."""
+        """Restore the newest good checkpoint when resuming, write the resolved config, open the logs."""
         self.state = self.state_class()
-        if resume and self.last_path.exists():
-            self.restore(load_checkpoint(self.last_path))
+        notes = self.resume_from_newest() if resume else []
+        if not self.dist.is_main:
+            self.log = NullLog()
+            return
         atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfgmod.to_dict(self.cfg), sort_keys=False))
         self.log = MetricsLog(self.run_dir, resume_step=self.state.step if resume else None)
+        for note in notes:
+            self.warn(note)
+
+    def warn(self, message: str) -> None:
+        """A warning for the user now (stderr, between progress bars) and for train.log (rank 0 only)."""
+        if not self.dist.is_main:
+            return
+        self.log.say(message)
+        tqdm.write(f"attnkit: {message}", file=sys.stderr)
+
+    def resume_from_newest(self) -> list[str]:
+        """Restore `last`, or `prev` when `last` is missing or damaged; returns warnings for the log."""
+        notes = []
+        for path in (self.last_path, self.prev_path):
+            if not path.exists():
+                continue
+            try:
+                ckpt = load_checkpoint(path)
+            except CheckpointError as e:
+                notes.append(f"warning: {e}; trying the checkpoint before it")
+                continue
+            self.restore(ckpt)
+            if path == self.prev_path and not notes:  # a stop between the two renames of a save
+                notes.append(f"warning: {self.last_path.name} is missing")
+            if notes:
+                notes.append(f"resumed from {path} (step {self.state.step})")
+            return notes
+        if notes:
+            raise CheckpointError(f"no loadable checkpoint in {self.last_path.parent} to resume from: "
+                                  + "; ".join(notes))
+        return notes
 
     # --- checkpoints ------------------------------------------------------------------------
     def tokenizer_blobs(self) -> dict[str, bytes]:
@@ -70,22 +140,85 @@ class TrainerBase:
         raise NotImplementedError
 
     def save(self, path: Path, *, full: bool = True) -> None:
-        """Weights, config and vocabularies; with `full`, also optimizer, RNG and training position."""
+        """Weights, config and vocabularies; with `full`, also optimizer, RNG and training position.
+
+        Rank 0 writes; the other ranks hold the same weights and optimizer state."""
+        if not self.dist.is_main:
+            return
+        cuda = full and self.device.type == "cuda"
         save_checkpoint(path, Checkpoint(
             kind=self.model.kind, config=self.cfg, model_state=self.model.state_dict(),
             tokenizers=self.tokenizer_blobs(), train_state=asdict(self.state),
             optimizer_state=self.optimizer.state_dict() if full else None,
-            rng_state=torch.get_rng_state() if full else None))
+            rng_state=torch.get_rng_state() if full else None,
+            cuda_rng_state=torch.cuda.get_rng_state(self.device) if cuda else None),
+            backup=self.prev_path if path == self.last_path else None)
+
+    def save_last(self) -> None:
+        self.save(self.last_path)
 
     def restore(self, ckpt: Checkpoint) -> None:
         if ckpt.kind != self.model.kind:
             raise AttnkitError(f"{self.last_path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
-        self.model.load_state_dict(ckpt.model_state)
+        load_weights(self.model, ckpt, self.last_path)
         if ckpt.optimizer_state is not None:
             self.optimizer.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             torch.set_rng_state(ckpt.rng_state)
+        if ckpt.cuda_rng_state is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(ckpt.cuda_rng_state, self.device)
         self.state = self.state_class(**ckpt.train_state)
+        self.seed_rank(self.state.step)  # the checkpoint holds rank 0's generator
+
+    # --- the loop and its interruption ------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train until the budget is spent (see `run`); SIGINT / SIGTERM save `last`, then raise Interrupted."""
+        try:
+            with self.stop_on_signals():
+                return self.run()
+        finally:
+            self.dist.close()
+
+    def progress_disabled(self) -> bool | None:
+        """tqdm's `disable`: None (bars when stderr is a terminal) on rank 0 with progress, else True."""
+        return None if self.progress and self.dist.is_main else True
+
+    def run(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def stop_on_signals(self):
+        """Turn SIGINT / SIGTERM into a request that `stop_if_asked` honours after the current update.
+
+        A second signal stops at once (KeyboardInterrupt); the atomic writes keep every file whole.
+        """
+        if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+            yield
+            return
+
+        def ask_to_stop(signum, frame):
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+
+        previous = {s: signal.signal(s, ask_to_stop) for s in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def stop_if_asked(self) -> None:
+        """After an update: if a stop signal came (to any rank), write `last` and raise Interrupted."""
+        if not self.dist.any(self.stop_signal is not None):
+            return
+        self.save_last()
+        signum = self.stop_signal or signal.SIGTERM  # a rank that got none stops with its peers
+        name = signal.Signals(signum).name
+        self.log.say(f"{name} at step {self.state.step}: saved {self.last_path}")
+        self.log.close()
+        raise Interrupted(signum, f"stopped by {name} at step {self.state.step}; saved {self.last_path}; "
+                          "continue with --resume")
 
     # --- one update -------------------------------------------------------------------------
     def apply_update(self, total_loss: float, grad_norm: torch.Tensor | None) -> float:
@@ -103,8 +236,9 @@ class TrainerBase:
 
     def skip_update(self) -> None:
         self.state.skipped += 1
-        self.log.say(f"step {self.state.step + 1}: non-finite loss or gradient, update skipped "
-                     f"({self.state.skipped} in a row)")
+        self.state.skipped_total += 1
+        self.warn(f"warning: step {self.state.step + 1}: non-finite loss or gradient, update skipped "
+                  f"({self.state.skipped} in a row, {self.state.skipped_total} in this run)")
         if self.state.skipped >= MAX_BAD_STEPS:
             raise AttnkitError(f"{MAX_BAD_STEPS} non-finite updates in a row: stopping; the last good "
                                f"checkpoint is {self.last_path}")
@@ -114,4 +248,4 @@ class TrainerBase:
         t = self.cfg.train
         if t.max_steps and self.state.step >= t.max_steps:
             return True
-        return bool(t.max_minutes) and self.state.elapsed_s + eval_reserve >= t.max_minutes * 60
+        return self.dist.any(bool(t.max_minutes) and self.state.elapsed_s + eval_reserve >= t.max_minutes * 60)

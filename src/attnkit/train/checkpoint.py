@@ -1,9 +1,14 @@
 """Checkpoints: one safetensors file, no pickle.
 
 Tensors: `model.*` weights, `optim.<param index>.<name>` optimizer state, `tokenizer.src|tgt` (the
-sentencepiece models as bytes, so a checkpoint translates on its own) and `rng.torch`. Metadata (JSON
+sentencepiece models as bytes, so a checkpoint translates on its own) and `rng.torch` (`rng.cuda`). Metadata (JSON
 strings): format version, model kind, the run config, the training position, optimizer hyper-parameters.
 Written to a temp file and renamed, so a kill leaves the previous checkpoint whole.
+
+Loading never unpickles: a pickle or `torch.save` file (which can run arbitrary code when loaded) is
+refused with a clear error, unless the user trusts it (`--trust-checkpoint`, the `attnkit.io.trust_pickle`
+context variable); it must then hold a dict with this module's fields (kind, config as a dict,
+model_state, tokenizers).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from safetensors.torch import save as st_save
 
 from attnkit import config as cfgmod
 from attnkit.errors import CheckpointError
-from attnkit.io import atomic_write_bytes
+from attnkit.io import atomic_write_bytes, trust_pickle
 
 FORMAT = "attnkit-checkpoint"
 VERSION = 1
@@ -35,9 +40,11 @@ class Checkpoint:
     train_state: dict[str, Any] = field(default_factory=dict)
     optimizer_state: dict[str, Any] | None = None
     rng_state: torch.Tensor | None = None
+    cuda_rng_state: torch.Tensor | None = None  # the current CUDA device's generator, when training there
 
 
-def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> None:
+def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | None = None) -> None:
+    """Write `ckpt` atomically; with `backup`, the checkpoint `path` held before is kept there."""
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in ckpt.model_state.items()}
     for name, blob in ckpt.tokenizers.items():
         tensors[f"tokenizer.{name}"] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
@@ -54,7 +61,16 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> None:
         meta["optimizer"] = json.dumps(opt_meta)
     if ckpt.rng_state is not None:
         tensors["rng.torch"] = ckpt.rng_state
-    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    if ckpt.cuda_rng_state is not None:
+        tensors["rng.cuda"] = ckpt.cuda_rng_state
+    atomic_write_bytes(path, st_save(tensors, metadata=meta), backup=backup)
+
+
+def _is_pickle(data: bytes) -> bool:
+    """A pickle stream (protocol 2-5) or a zip (torch.save), and not a safetensors file (length + JSON header)."""
+    if data[8:9] == b"{" and 8 + int.from_bytes(data[:8], "little") <= len(data):
+        return False
+    return (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")) or data[:4] == b"PK\x03\x04"
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -62,6 +78,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_file():
         raise CheckpointError(f"no such checkpoint: {path}")
     data = path.read_bytes()
+    if _is_pickle(data):
+        return _load_trusted_pickle(path)
     try:
         tensors = st_load(data)
         meta = _read_metadata(data)
@@ -84,7 +102,37 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         train_state=json.loads(meta.get("train_state", "{}")),
         optimizer_state=_unflatten_optimizer(tensors, json.loads(meta["optimizer"])) if "optimizer" in meta else None,
         rng_state=tensors.get("rng.torch"),
+        cuda_rng_state=tensors.get("rng.cuda"),
     )
+
+
+def _load_trusted_pickle(path: Path) -> Checkpoint:
+    """A pickled checkpoint: refused unless trusted, since unpickling can execute any code it names."""
+    if not trust_pickle.get():
+        raise CheckpointError(f"{path} is a pickle / torch.save file, and loading one can run code hidden in it; "
+                              "attnkit loads safetensors checkpoints. Pass --trust-checkpoint only if you trust "
+                              "where this file came from")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+        config = cfgmod.from_dict(cfgmod.RUN_CONFIGS.get(obj["kind"], cfgmod.RunConfig), obj["config"])
+        return Checkpoint(kind=obj["kind"], config=config, model_state=obj["model_state"],
+                          tokenizers=obj["tokenizers"], train_state=obj.get("train_state", {}))
+    except (KeyError, TypeError, cfgmod.ConfigError) as e:
+        raise CheckpointError(f"{path}: a trusted pickle checkpoint must be a dict with kind, config, "
+                              f"model_state and tokenizers ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
+        raise CheckpointError(f"{path} could not be unpickled: {e}") from None
+
+
+def load_weights(model: torch.nn.Module, ckpt: Checkpoint, path: str | Path) -> torch.nn.Module:
+    """`model.load_state_dict` with a one-line error when the checkpoint's tensors do not fit the model."""
+    try:
+        model.load_state_dict(ckpt.model_state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[1:2] or [str(e)]
+        raise CheckpointError(f"{path}: its weights do not fit a '{ckpt.kind}' model built from its own config "
+                              f"({first[0].strip()})") from None
+    return model
 
 
 def _read_metadata(data: bytes) -> dict[str, str]:

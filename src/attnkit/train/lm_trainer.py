@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from attnkit import config as cfgmod
 from attnkit.data.lm import LMStreams, load_lm_corpus
 from attnkit.errors import ConfigError
-from attnkit.eval.lm import evaluate_segments, token_nll
+from attnkit.eval.lm import evaluate_segments
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.checkpoint import Checkpoint
@@ -48,6 +48,7 @@ class LMTrainState:
     elapsed_s: float = 0.0  # wall-clock spent training, across resumes
     best: float | None = None  # best validation loss so far
     skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
+    skipped_total: int = 0  # all updates skipped so far
 
 
 class LMTrainer(TrainerBase):
@@ -55,7 +56,7 @@ class LMTrainer(TrainerBase):
 
     def __init__(self, cfg: cfgmod.LMRunConfig, data_dir: str | Path, run_dir: str | Path, *,
                  resume: bool = False, force: bool = False, progress: bool = True):
-        self.open_run(run_dir, resume=resume, force=force)
+        self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device)
         t = cfg.train
         if not (t.max_steps or t.max_minutes):
             raise ConfigError("set a budget: train.max_steps or train.max_minutes")
@@ -63,7 +64,10 @@ class LMTrainer(TrainerBase):
         self.corpus = load_lm_corpus(data_dir)
         self.cfg = cfgmod.replace(cfg, model=cfgmod.replace(cfg.model, vocab_size=self.corpus.vocab.vocab_size))
         self.build()
+        self.train_model = self.dist.wrap(self.model)
+        # batch_size streams in all: each rank reads its own rows, so a resume may change the world size
         self.streams = LMStreams(self.corpus.splits["train"], t.batch_size, t.tgt_len)
+        self.rows = self.dist.shard(t.batch_size)
         self.mems: list[torch.Tensor] | None = None
         self.start(resume)
 
@@ -78,7 +82,7 @@ class LMTrainer(TrainerBase):
     def _next_segments(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Up to `accumulate` consecutive segments of the current pass."""
         end = min(self.state.segment + self.cfg.train.accumulate, len(self.streams))
-        group = [self.streams.batch(tau) for tau in range(self.state.segment, end)]
+        group = [tuple(z[self.rows] for z in self.streams.batch(tau)) for tau in range(self.state.segment, end)]
         self.state.segment = end
         return group
 
@@ -88,15 +92,18 @@ class LMTrainer(TrainerBase):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         group = self._next_segments()
-        n_tokens = sum(y.numel() for _, y in group)
+        n_tokens = sum(y.numel() for _, y in group)  # the same on every rank: equal shares of the streams
         total = 0.0
-        for x, y in group:
-            with autocast(self.device, t.dtype):
-                logits, self.mems = self.model(x.to(self.device), self.mems, mem_len=t.mem_len,
-                                               clamp_len=t.clamp_len)  # (B, T, V)
-            nll = token_nll(logits, y.to(self.device))
-            (nll / n_tokens).backward()
+        for i, (x, y) in enumerate(group):
+            with self.dist.no_sync(self.train_model, sync=i == len(group) - 1):
+                with autocast(self.device, t.dtype):  # the per-token NLL (B, T): no (B, T, V) with an adaptive softmax
+                    nll, self.mems = self.train_model(x.to(self.device), self.mems, targets=y.to(self.device),
+                                                      mem_len=t.mem_len, clamp_len=t.clamp_len)
+                nll = nll.sum()
+                (nll / n_tokens).backward()  # DDP averages the ranks' per-token means
             total += nll.item()
+        (total,) = self.dist.sum(total)
+        n_tokens *= self.dist.world
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         lr = self.apply_update(total, grad_norm)
         if self.state.segment >= len(self.streams):  # end of a pass: start again with an empty memory
@@ -122,16 +129,16 @@ class LMTrainer(TrainerBase):
                            loss=metrics["loss"], nll=metrics["loss"], ppl=metrics["ppl"], tok_s=metrics["tok_s"])
             self.log.say(f"step {self.state.step} ({self.state.elapsed_s / 60:.1f} min): valid "
                          + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-            if self.progress:
+            if self.progress and self.dist.is_main:
                 tqdm.write(f"step {self.state.step} | valid loss {metrics['loss']:.4f} | ppl {metrics['ppl']:.2f} "
                            f"| bpc {metrics['bpc']:.4f}")
             if self.state.best is None or metrics["loss"] < self.state.best:
                 self.state.best = metrics["loss"]
                 self.save(self.best_path, full=False)
-        self.save(self.last_path)
+        self.save_last()
 
     # --- the loop ---------------------------------------------------------------------------
-    def fit(self) -> dict[str, float]:
+    def run(self) -> dict[str, float]:
         """Train until max_steps or the wall-clock budget; returns the last validation metrics."""
         t = self.cfg.train
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -140,7 +147,7 @@ class LMTrainer(TrainerBase):
                      f"parameters on {self.device}; {self.corpus.summary()}")
         clock = time.monotonic() - self.state.elapsed_s
         bar = tqdm(total=t.max_steps or None, initial=self.state.step, desc=self.model.kind,
-                   disable=None if self.progress else True, dynamic_ncols=True, leave=False)
+                   disable=self.progress_disabled(), dynamic_ncols=True, leave=False)
         window_tokens, window_start, eval_reserve, metrics = 0, time.monotonic(), 0.0, {}
         while not self.out_of_budget(eval_reserve):
             stats = self.train_step()
@@ -155,16 +162,18 @@ class LMTrainer(TrainerBase):
                 window_tokens, window_start = 0, time.monotonic()
             if self.state.step % t.eval_interval == 0 and not self.out_of_budget(eval_reserve):
                 eval_start = time.monotonic()
-                metrics = self.evaluate()
+                metrics = self.evaluate() if self.dist.is_main else {}
                 eval_reserve = time.monotonic() - eval_start
                 self._checkpoint(metrics)
+            self.stop_if_asked()
         bar.close()
-        metrics = self.evaluate()
+        metrics = self.evaluate() if self.dist.is_main else {}
         self.state.elapsed_s = time.monotonic() - clock
         self._checkpoint(metrics)
         self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min")
-        from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
+        if self.dist.is_main:
+            from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
 
-        after_fit(self.run_dir, self.data_dir, self.log.say)
+            after_fit(self.run_dir, self.data_dir, self.log.say)
         self.log.close()
         return metrics

@@ -60,5 +60,18 @@ class MetricsLog:
             self.tb.close()
 
 
+class NullLog:
+    """The log of a rank other than 0: every process trains, only rank 0 writes."""
+
+    def say(self, message: str) -> None:
+        pass
+
+    def write(self, split: str, step: int, **values: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else v

@@ -23,6 +23,7 @@ from attnkit.eval import score_corpus
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.checkpoint import epoch_checkpoints
+from attnkit.train.distributed import TrainingForward
 from attnkit.train.losses import label_smoothed_nll
 
 
@@ -33,7 +34,8 @@ class TrainState:
     batch_in_epoch: int = 0  # batches of the current epoch already consumed
     elapsed_s: float = 0.0  # wall-clock spent training, across resumes
     best: float | None = None  # best dev metric so far
-    skipped: int = 0  # updates skipped for a non-finite loss or gradient
+    skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
+    skipped_total: int = 0  # all updates skipped so far
 
 
 def training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
@@ -53,11 +55,13 @@ class Trainer(TrainerBase):
 
     def __init__(self, cfg: cfgmod.RunConfig, data_dir: str | Path, run_dir: str | Path, *,
                  resume: bool = False, force: bool = False, progress: bool = True):
-        self.open_run(run_dir, resume=resume, force=force)
+        self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device)
         self.data_dir, self.progress = Path(data_dir), progress
         self.src_tok, self.tgt_tok = load_tokenizers(self.data_dir)
         self.cfg = self._fit_config_to_data(cfg)
         self.build()
+        # DDP needs the training objective as a module's forward; the lambda finds training_forward at call time
+        self.train_model = self.dist.wrap(TrainingForward(self.model, lambda m, b: training_forward(m, b)))
         t = self.cfg.train
         self.train_split = load_split(self.data_dir, "train")
         has_valid = (self.data_dir / "valid.safetensors").exists()
@@ -81,19 +85,22 @@ class Trainer(TrainerBase):
 
     # --- one update -------------------------------------------------------------------------
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
-        """One optimizer update over `batches` (gradient accumulation), loss normalised per target token."""
+        """One optimizer update over this rank's `batches` (gradient accumulation), the loss normalised by
+        the target tokens of all ranks: DDP's gradient mean then equals one process training on them all."""
         t = self.cfg.train
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        n_tokens = sum(b.n_tokens for b in batches)
+        (n_tokens,) = self.dist.sum(sum(b.n_tokens for b in batches))
         total_loss = total_nll = 0.0
-        for batch in batches:
+        for i, batch in enumerate(batches):
             batch = batch.to(self.device)
-            with autocast(self.device, t.dtype):
-                logits, aux = training_forward(self.model, batch)  # (B, T, V), summed auxiliary loss
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
-            ((loss + aux) / n_tokens).backward()
+            with self.dist.no_sync(self.train_model, sync=i == len(batches) - 1):
+                with autocast(self.device, t.dtype):
+                    logits, aux = self.train_model(batch)  # (B, T, V), summed auxiliary loss
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
+                ((loss + aux) * self.dist.world / n_tokens).backward()
             total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
+        total_loss, total_nll = self.dist.sum(total_loss, total_nll)  # every rank takes the same skip decision
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
                      if t.clip_norm or not math.isfinite(total_loss) else None)
         lr = self.apply_update(total_loss, grad_norm)
@@ -143,7 +150,7 @@ class Trainer(TrainerBase):
         return False
 
     # --- the loop ---------------------------------------------------------------------------
-    def fit(self) -> dict[str, float]:
+    def run(self) -> dict[str, float]:
         """Train until max_epochs, max_steps or the wall-clock budget; returns the last dev metrics."""
         t = self.cfg.train
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -156,15 +163,16 @@ class Trainer(TrainerBase):
         while self.state.epoch < t.max_epochs and not stopped:
             batches = self.sampler.batches(self.state.epoch)
             todo = batches[self.state.batch_in_epoch :]
-            bar = tqdm(total=math.ceil(len(todo) / t.accumulate), desc=f"epoch {self.state.epoch + 1}",
-                       disable=None if self.progress else True, dynamic_ncols=True, leave=False)
+            per_update = t.accumulate * self.dist.world  # batches of all ranks per update
+            bar = tqdm(total=math.ceil(len(todo) / per_update), desc=f"epoch {self.state.epoch + 1}",
+                       disable=self.progress_disabled(), dynamic_ncols=True, leave=False)
             window_tokens, window_start = 0, time.monotonic()
-            it = iterate_batches(self.train_split, todo)
-            while True:
-                group = [b for _, b in zip(range(t.accumulate), it)]
-                if not group:
+            for start in range(0, len(todo), per_update):
+                group = todo[start : start + per_update]
+                if len(group) < self.dist.world:  # too few for every rank: the epoch's last few are left out
                     break
-                stats = self.train_step(group)
+                mine = list(iterate_batches(self.train_split, group[self.dist.rank :: self.dist.world]))
+                stats = self.train_step(mine)
                 self.state.batch_in_epoch += len(group)
                 self.state.elapsed_s = time.monotonic() - clock
                 window_tokens += stats["tokens"]
@@ -178,22 +186,26 @@ class Trainer(TrainerBase):
                 if self.out_of_budget(eval_reserve):
                     stopped = True
                     break
-                if time.monotonic() - last_save > t.save_every_minutes * 60:
-                    self.save(self.last_path)
+                self.stop_if_asked()
+                if (t.save_every_steps and self.state.step % t.save_every_steps == 0
+                        or time.monotonic() - last_save > t.save_every_minutes * 60):
+                    self.save_last()
                     last_save = time.monotonic()
             bar.close()
             if not stopped:
                 self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
             eval_start = time.monotonic()
-            metrics = self.evaluate()
+            metrics = self.evaluate() if self.dist.is_main else {}
             eval_reserve = time.monotonic() - eval_start
             self.state.elapsed_s = time.monotonic() - clock
             self._end_of_epoch(metrics)
             last_save = time.monotonic()
-        self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min of training")
-        from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
+        self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min of training"
+                     + (f"; {self.state.skipped_total} non-finite updates skipped" if self.state.skipped_total else ""))
+        if self.dist.is_main:
+            from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
 
-        after_fit(self.run_dir, self.data_dir, self.log.say)
+            after_fit(self.run_dir, self.data_dir, self.log.say)
         self.log.close()
         return metrics
 
@@ -204,18 +216,18 @@ class Trainer(TrainerBase):
             self.log.say(f"epoch {self.state.epoch} step {self.state.step} "
                          f"({self.state.elapsed_s / 60:.1f} min): "
                          + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-            if self.progress:
+            if self.progress and self.dist.is_main:
                 tqdm.write(f"epoch {self.state.epoch} | step {self.state.step} | "
                            + " | ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             if self._is_better(metrics):
                 self.save(self.best_path, full=False)
         self._save_epoch()
-        self.save(self.last_path)
+        self.save_last()
 
     def _save_epoch(self) -> None:
         """Model-only weights of each finished epoch, the latest `keep_epochs`, for checkpoint averaging."""
         keep = self.cfg.train.keep_epochs
-        if not keep or self.state.batch_in_epoch:  # a budget stop mid-epoch is not an epoch
+        if not keep or self.state.batch_in_epoch or not self.dist.is_main:  # a budget stop mid-epoch is not an epoch
             return
         self.save(self.run_dir / "checkpoints" / f"epoch{self.state.epoch:04d}.safetensors", full=False)
         for old in epoch_checkpoints(self.run_dir)[:-keep]:

@@ -1,0 +1,59 @@
+"""`attnkit bench`: the standard speed workloads for attnkit and its installed peers, as markdown tables.
+
+    attnkit bench                                   # every workload, attnkit + every installed peer
+    attnkit bench --workloads mt --peers xtransformers --json runs/bench.jsonl
+    attnkit bench --workloads lm-train-xl lm-train-vanilla --dtype bfloat16
+    attnkit bench --quick                           # tiny smoke shapes (tests, CI): NOT the standard workloads
+
+Workloads (../shared/bench/WORKLOADS.md): mt-train, mt-greedy, mt-beam5, lm-train-xl, lm-train-vanilla,
+lm-eval-xl, lm-eval-vanilla; groups: mt, lm, all. Each measurement runs in a fresh process; the
+logic lives in attnkit.eval.bench (plan, tables), attnkit.eval.speed (timing) and attnkit.eval.peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+WORKLOAD_CHOICES = ("all", "mt", "lm", "mt-train", "mt-greedy", "mt-beam5", "lm-train-xl", "lm-train-vanilla",
+                    "lm-eval-xl", "lm-eval-vanilla")
+PEER_CHOICES = ("huggingface", "xtransformers")
+
+
+def add_parsers(sub) -> dict[str, Callable]:
+    b = sub.add_parser("bench", help="standard speed workloads (MT, LM) for attnkit and installed peers: tables",
+                       description="The standard workloads of ../shared/bench/WORKLOADS.md for attnkit, Hugging Face "
+                                   "transformers and x-transformers (when installed), each measurement in a fresh "
+                                   "process; markdown tables on stdout, progress on stderr.")
+    b.add_argument("--workloads", nargs="+", default=["all"], choices=WORKLOAD_CHOICES, metavar="WORKLOAD",
+                   help=f"workloads or groups (default: all): {', '.join(WORKLOAD_CHOICES)}")
+    b.add_argument("--peers", nargs="*", default=list(PEER_CHOICES), choices=PEER_CHOICES, metavar="PEER",
+                   help="toolkits measured beside attnkit (default: all; none = attnkit only); missing ones are "
+                        "skipped with a note")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="precision of the training workloads (bfloat16 = autocast) and of the matmul peak")
+    b.add_argument("--threads", type=int, default=2, help="torch threads per measurement (the standard: 2)")
+    b.add_argument("--quick", action="store_true",
+                   help="tiny smoke shapes, one process per toolkit: NOT the standard workloads (tests, CI)")
+    b.add_argument("--json", metavar="FILE", help="also write every result as JSON lines here")
+    b.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    return {"bench": cmd_bench}
+
+
+def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> None:
+    import json
+
+    from attnkit.errors import AttnkitError
+    from attnkit.eval.bench import annotate, expand_workloads, render, run_bench
+    from attnkit.io import atomic_write_text, ensure_new_output
+
+    if args.threads < 1:
+        raise AttnkitError("--threads must be at least 1")
+    if args.json:
+        ensure_new_output(args.json, args.force, "--json file")
+    workloads = expand_workloads(args.workloads)
+    peers = list(dict.fromkeys(args.peers))
+    rows = annotate(run_bench(workloads, peers, dtype=args.dtype, threads=args.threads, quick=args.quick))
+    if args.json:
+        atomic_write_text(args.json, "".join(json.dumps(r) + "\n" for r in rows))
+    print(render(rows, dtype=args.dtype, threads=args.threads, quick=args.quick))

@@ -1,0 +1,260 @@
+"""`attnkit bench`: the standard workloads (../shared/bench/WORKLOADS.md) for attnkit and its installed peers.
+
+The run plans one measurement per (workload, toolkit), starts each in a fresh interpreter
+(`python -m attnkit.eval.speed`, see there for what is timed and how), plus one for the machine's
+matrix-product peak when a training workload is asked for, and renders one markdown table per
+workload family. Ratios compare toolkits within the same run, because the machines are noisy.
+
+The quick mode runs tiny shapes (not the standard workloads) and, to stay fast, one process per
+toolkit instead of one per measurement; it exists to smoke-test the whole path in tests and CI.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TextIO
+
+from attnkit.eval import peers as peer_mod
+from attnkit.eval.speed import QUICK, STANDARD, TRAIN_WORKLOADS, WORKLOADS, Shapes
+
+GROUPS = {"all": list(WORKLOADS), "mt": [w for w in WORKLOADS if w.startswith("mt-")],
+          "lm": [w for w in WORKLOADS if w.startswith("lm-")]}
+PRECISION = {"bfloat16": "training in bfloat16 (autocast), decoding and evaluation in float32"}
+TOOLKIT_LABELS = {"attnkit": "attnkit", "huggingface": "HF transformers", "xtransformers": "x-transformers",
+                  "machine": "machine"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One planned measurement; `skip` says why it will not run."""
+
+    toolkit: str
+    workload: str
+    skip: str = ""
+
+
+def expand_workloads(names: Iterable[str]) -> list[str]:
+    """Workload names and groups (all, mt, lm) -> workload names in the standard order."""
+    wanted = {w for name in names for w in GROUPS.get(name, [name])}
+    unknown = wanted - set(WORKLOADS)
+    if unknown:
+        raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
+    return [w for w in WORKLOADS if w in wanted]
+
+
+def skip_reason(toolkit: str, workload: str) -> str:
+    if toolkit == "attnkit":
+        return ""
+    if not peer_mod.installed(toolkit):
+        return f"skipped: {peer_mod.PEERS[toolkit][1]} is not installed (pip install {peer_mod.PEERS[toolkit][1]})"
+    reason = peer_mod.NOT_MEASURED.get(toolkit, {}).get(workload, "")
+    return f"not measured: {reason}" if reason else ""
+
+
+def plan(workloads: list[str], peers: list[str]) -> list[Cell]:
+    """attnkit and every peer on every workload, workload by workload (neighbours share the machine's mood)."""
+    return [Cell(tk, w, skip_reason(tk, w)) for w in workloads for tk in ["attnkit", *peers]]
+
+
+# --- running ---------------------------------------------------------------------------------------
+def run_in_subprocess(toolkit: str, workloads: list[str], *, dtype: str = "float32", threads: int = 2,
+                      quick: bool = False) -> list[dict]:
+    """Measure in a fresh interpreter; one result per workload (an `error` row when the process died)."""
+    cmd = [sys.executable, "-m", "attnkit.eval.speed", "--toolkit", toolkit, "--workload", *workloads,
+           "--threads", str(threads), "--dtype", dtype, *(["--quick"] if quick else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    done = {r["workload"] for r in results}
+    last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:300]
+    results += [{"toolkit": toolkit, "workload": w, "quick": quick, "error": f"process failed: {last}"}
+                for w in workloads if w not in done]
+    return results
+
+
+def jobs_for(cells: list[Cell], quick: bool) -> list[tuple[str, list[str]]]:
+    """(toolkit, workloads) per process: the matmul peak when training is measured, then one per measurement
+    (quick: one per toolkit, a smoke test, not a measurement)."""
+    runnable = [c for c in cells if not c.skip]
+    jobs = [("machine", ["matmul-peak"])] if any(c.workload in TRAIN_WORKLOADS for c in cells) else []
+    if not quick:
+        return jobs + [(c.toolkit, [c.workload]) for c in runnable]
+    toolkits = dict.fromkeys(c.toolkit for c in runnable)
+    return jobs + [(tk, [c.workload for c in runnable if c.toolkit == tk]) for tk in toolkits]
+
+
+def progress_line(i: int, n: int, row: dict, seconds: float) -> str:
+    """`bench [i/n] workload · toolkit: figure (seconds of its process)`."""
+    what = f"bench [{i}/{n}] {row['workload']} · {TOOLKIT_LABELS.get(row['toolkit'], row['toolkit'])}: "
+    if row["workload"] == "matmul-peak" and "gflop_s" in row:
+        return what + f"{row['gflop_s']:,.1f} GFLOP/s at {row['n']}³ ({seconds:.1f} s)"
+    if "tok_s" in row:
+        return what + f"{row['tok_s']:,.1f} tok/s, peak RSS {row['peak_rss_mb']:,.0f} MB ({seconds:.1f} s)"
+    return what + (row.get("skipped") or row.get("error", "no result"))
+
+
+def run_bench(workloads: list[str], peers: list[str], *, dtype: str = "float32", threads: int = 2,
+              quick: bool = False, log: TextIO | None = None) -> list[dict]:
+    """Every planned row in plan order (the matmul peak first, when measured); skipped cells become rows
+    with a `skipped` note. A progress line per measurement goes to `log` (default: stderr)."""
+    log = log or sys.stderr
+    cells, measured = plan(workloads, peers), {}
+    jobs = jobs_for(cells, quick)
+    total = sum(len(names) for _, names in jobs)
+    for toolkit, names in jobs:
+        start = time.perf_counter()
+        for row in run_in_subprocess(toolkit, names, dtype=dtype, threads=threads, quick=quick):
+            measured[row["toolkit"], row["workload"]] = row
+            print(progress_line(len(measured), total, row, time.perf_counter() - start), file=log, flush=True)
+    peak = [measured[key] for key in [("machine", "matmul-peak")] if key in measured]
+    return peak + [measured.get((c.toolkit, c.workload)) or {"toolkit": c.toolkit, "workload": c.workload,
+                                                              "skipped": c.skip, "quick": quick} for c in cells]
+
+
+# --- derived figures -------------------------------------------------------------------------------
+def annotate(rows: list[dict]) -> list[dict]:
+    """Add vs_fastest (per workload), pct_matmul_peak (training rows) and xl_speedup (lm-eval-xl rows)."""
+    peak = next((r.get("gflop_s") for r in rows if r["workload"] == "matmul-peak"), None)
+    best: dict[str, float] = {}
+    for r in rows:
+        if "tok_s" in r:
+            best[r["workload"]] = max(best.get(r["workload"], 0.0), r["tok_s"])
+    vanilla = {r["toolkit"]: r["tok_s"] for r in rows if r["workload"] == "lm-eval-vanilla" and "tok_s" in r}
+    for r in rows:
+        if "tok_s" not in r:
+            continue
+        r["vs_fastest"] = r["tok_s"] / best[r["workload"]]
+        if r["workload"] in TRAIN_WORKLOADS and peak and "gflop_s" in r:
+            r["pct_matmul_peak"] = 100 * r["gflop_s"] / peak
+        if r["workload"] == "lm-eval-xl" and r["toolkit"] in vanilla:
+            r["xl_speedup"] = r["tok_s"] / vanilla[r["toolkit"]]
+    return rows
+
+
+# --- tables ----------------------------------------------------------------------------------------
+def fmt(x: float | None, digits: int = 0) -> str:
+    """Thousands separators; one decimal below 100, two significant digits below 1."""
+    if x is None:
+        return "—"
+    if abs(x) < 1:
+        return f"{x:.2g}"
+    return f"{x:,.{digits if abs(x) >= 100 else max(digits, 1)}f}"
+
+
+def workload_label(workload: str, shapes: Shapes) -> str:
+    mt, lm = shapes.mt, shapes.lm
+    return {
+        "mt-train": f"train (B {mt.train_batch}, {mt.src_len}→{mt.tgt_len})",
+        "mt-greedy": f"greedy ({mt.greedy_batch} src, {mt.tgt_len} new)",
+        "mt-beam5": f"beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
+        "lm-train-xl": f"train XL (B {lm.batch} × {lm.segment}, memory {lm.memory})",
+        "lm-train-vanilla": f"train vanilla (B {lm.batch} × {lm.segment})",
+        "lm-eval-xl": f"eval XL (segment {lm.segment} + memory {lm.memory})",
+        "lm-eval-vanilla": f"eval vanilla (sliding window {lm.context}, {lm.windows} timed)",
+    }[workload]
+
+
+def rss_cell(r: dict) -> str:
+    if "peak_rss_mb" not in r or "tok_s" not in r:
+        return "—"
+    after = f" ({r['rss_after_build_mb']:,.0f} after build)" if "rss_after_build_mb" in r else ""
+    return f"{r['peak_rss_mb']:,.0f}{after}"
+
+
+def status(r: dict) -> str:
+    return (r.get("skipped") or r.get("error", "")).replace("|", "/")[:160]
+
+
+def row_cells(r: dict, shapes: Shapes, lm: bool) -> list[str]:
+    ok = "tok_s" in r
+    cells = [workload_label(r["workload"], shapes), TOOLKIT_LABELS.get(r["toolkit"], r["toolkit"]),
+             fmt(r.get("tok_s")), f"{r['vs_fastest']:.2f}×" if ok else "—"]
+    if lm:
+        cells += [fmt(r.get("est_s"), 1), f"{fmt(r['xl_speedup'])}×" if "xl_speedup" in r else "—"]
+    cells += [rss_cell(r), fmt(r.get("gflop_s"), 1) if r["workload"] in TRAIN_WORKLOADS and ok else "—",
+              f"{fmt(r['pct_matmul_peak'])}%" if "pct_matmul_peak" in r else "—",
+              f"{r['params']:,}" if "params" in r else "—", status(r)]
+    return cells
+
+
+def family_table(rows: list[dict], family: str, shapes: Shapes) -> str:
+    lm = family == "lm"
+    head = ["workload", "toolkit", "tok/s", "vs fastest"]
+    head += [f"est. s for {shapes.lm.eval_tokens:,} tokens", "XL / vanilla eval"] if lm else []
+    head += ["peak RSS MB", "GFLOP/s", "% of matmul peak", "params", "note"]
+    align = ["---", "---", "---:", "---:"] + (["---:", "---:"] if lm else []) + ["---:", "---:", "---:", "---:", "---"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row_cells(r, shapes, lm)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def family_title(family: str, shapes: Shapes) -> str:
+    if family == "mt":
+        s = shapes.mt
+        return (f"### MT: encoder-decoder Transformer (d {s.d_model}, {s.heads} heads, FFN {s.ffn}, "
+                f"{s.layers}+{s.layers} layers, vocab {s.vocab}, dropout {s.dropout})")
+    s = shapes.lm
+    layers = f"{s.layers} layer{'s' if s.layers != 1 else ''}"
+    return (f"### LM: character-level decoder-only (d {s.d_model}, {s.heads} heads, FFN {s.ffn}, {layers}, "
+            f"vocab {s.vocab}, dropout {s.dropout}; XL segment {s.segment} + memory {s.memory}, vanilla window "
+            f"{s.context}; evaluation over {s.eval_tokens:,} tokens, batch 1)")
+
+
+def header(rows: list[dict], dtype: str, threads: int, quick: bool) -> list[str]:
+    meta = next((r for r in rows if "torch" in r), {})
+    versions = dict.fromkeys(f"{TOOLKIT_LABELS[r['toolkit']]} {r['version']}".strip() for r in rows
+                             if r.get("version") and r["toolkit"] != "machine")
+    peak = next((r for r in rows if r["workload"] == "matmul-peak"), None)
+    peak_text = "matmul peak: not measured"
+    if peak and "gflop_s" in peak:
+        sizes = "/".join(f"{n}³" for n in peak["gflop_s_by_n"])
+        peak_text = (f"matmul peak ({peak['dtype']}, best of {sizes}, own process): {peak['gflop_s']:,.1f} GFLOP/s "
+                     f"at {peak['n']}³")
+    lines = []
+    if quick:
+        lines += ["**QUICK SMOKE RUN — tiny shapes, NOT the standard workloads of WORKLOADS.md, one process per "
+                  "toolkit: these figures compare nothing; they only show that every path runs.**", ""]
+    lines += [f"## attnkit bench{' --quick' if quick else ''}: "
+              f"{'smoke shapes' if quick else 'the standard workloads of WORKLOADS.md'}",
+              "",
+              f"torch {meta.get('torch', '?')} · {threads} thread{'s' if threads != 1 else ''} · "
+              f"{PRECISION.get(dtype, dtype)} · {peak_text} · "
+              f"{', '.join(versions)} · {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"]
+    return lines
+
+
+def model_notes(rows: list[dict]) -> list[str]:
+    """One line per (toolkit, model) measured: what it is and which defaults it keeps."""
+    def model(workload: str) -> str:
+        return "" if workload.startswith("mt-") else f" ({workload.rsplit('-', 1)[1]})"
+
+    return list(dict.fromkeys(f"- {TOOLKIT_LABELS.get(r['toolkit'], r['toolkit'])}{model(r['workload'])}: "
+                              f"{r['notes']}" for r in rows if r.get("notes")))
+
+
+FOOTNOTES = [
+    "- tok/s: MT train = target tokens/s, decoding = generated tokens/s (encoder included); LM train = tokens/s; "
+    "LM eval = scored tokens/s (vanilla: windows timed, 1 / per-window time, extrapolated to the whole stream).",
+    "- vs fastest: ratio to the fastest toolkit on the same workload in this run (the machine is noisy).",
+    "- peak RSS: ru_maxrss of the measurement's own process (interpreter and libraries included).",
+    "- GFLOP/s: FLOPs of one training step counted by torch.utils.flop_counter.FlopCounterMode over forward + loss + "
+    "backward (matrix products and attention, full score matrices even where causal; the Adam update is not "
+    "counted), divided by the median step time; % of matmul peak: against the fastest square matrix product above.",
+]
+
+
+def render(rows: list[dict], *, dtype: str, threads: int, quick: bool) -> str:
+    shapes = QUICK if quick else STANDARD
+    lines = header(rows, dtype, threads, quick)
+    for family in ("mt", "lm"):
+        members = [r for r in rows if r["workload"].startswith(f"{family}-")]
+        if members:
+            lines += ["", family_title(family, shapes) + (" — quick smoke shapes" if quick else ""), "",
+                      family_table(members, family, shapes), "", "Models (each keeps its defaults where the "
+                      "workload is silent):", *model_notes(members)]
+    return "\n".join([*lines, "", *FOOTNOTES])

@@ -1,0 +1,206 @@
+"""`attnkit bench`: FLOP counting, the WORKLOADS.md data rules, planning and skip notes, and a quick run end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from attnkit import bench_cli
+from attnkit.cli import main
+from attnkit.eval import bench, peers, speed
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY_MT = speed.MTShape(vocab=50, d_model=32, heads=2, ffn=64, layers=2, src_len=5, tgt_len=7, train_batch=3)
+LABEL = bench.TOOLKIT_LABELS
+
+
+def mt_training_flops(s: speed.MTShape) -> int:
+    """Hand count of one training step's matrix-product FLOPs (2 per multiply-add).
+
+    Forward: encoder layers (fused QKV + output projection + FFN on S tokens, scores and weighted sum
+    over S x S), decoder layers (the same over T x T, cross-attention queries and output on T tokens,
+    keys and values on the S source tokens, scores over T x S), the tied output projection. Backward:
+    every product needs the gradients of both operands (the embeddings are trained), so twice the forward.
+    """
+    b, S, T, d, f, v, L = s.train_batch, s.src_len, s.tgt_len, s.d_model, s.ffn, s.vocab, s.layers
+    encoder = 2 * b * S * (4 * d * d + 2 * d * f) + 2 * 2 * b * S * S * d
+    decoder = (2 * b * T * (4 * d * d) + 2 * 2 * b * T * T * d  # self-attention
+               + 2 * b * T * (2 * d * d) + 2 * b * S * (2 * d * d) + 2 * 2 * b * T * S * d  # cross-attention
+               + 2 * b * T * (2 * d * f))  # FFN
+    forward = L * (encoder + decoder) + 2 * b * T * d * v
+    return 3 * forward
+
+
+# --- FLOPs ---------------------------------------------------------------------------------------
+def test_flop_counter_matches_hand_count_of_a_linear_layer():
+    torch.manual_seed(0)
+    model, x = nn.Linear(8, 4), torch.randn(3, 8)  # forward 2*3*8*4; backward: weight gradient only
+    assert speed.count_step_flops(model, lambda: model(x).sum()) == 2 * (2 * 3 * 8 * 4)
+    assert model.weight.grad is None  # the count leaves no gradients behind
+    x.requires_grad_(True)  # now the input gradient too
+    assert speed.count_step_flops(model, lambda: model(x).sum()) == 3 * (2 * 3 * 8 * 4)
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])  # 0.1: SDPA's math path; 0.0: the fused CPU kernel
+def test_mt_step_flops_match_the_analytical_count(dropout):
+    shape = dataclasses.replace(TINY_MT, dropout=dropout)
+    torch.manual_seed(0)
+    case = speed.mt_train_case(speed.ATTNKIT.mt, shape)
+    counted = speed.count_step_flops(case.model, lambda: case.loss(0, "float32"))
+    assert counted == pytest.approx(mt_training_flops(shape), rel=0.01)
+
+
+def test_hugging_face_mt_step_has_the_same_count():
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    case = speed.mt_train_case(peers.HF_MT, TINY_MT)
+    counted = speed.count_step_flops(case.model, lambda: case.loss(0, "float32"))
+    assert counted == pytest.approx(mt_training_flops(TINY_MT), rel=0.01)
+
+
+def test_train_throughput_reports_flop_rate():
+    torch.manual_seed(0)
+    case = speed.mt_train_case(speed.ATTNKIT.mt, dataclasses.replace(TINY_MT, warmup=1, steps=2))
+    out = speed.train_throughput(case, 1, "float32")
+    assert out["flops_per_step"] == pytest.approx(mt_training_flops(TINY_MT), rel=0.01)
+    assert out["gflop_s"] == pytest.approx(out["flops_per_step"] / out["step_s"] / 1e9)
+    assert out["tok_s"] == pytest.approx(3 * 7 / out["step_s"])
+
+
+# --- WORKLOADS.md: shapes and data rules ---------------------------------------------------------
+def test_standard_shapes_are_the_documented_ones():
+    mt, lm = speed.STANDARD.mt, speed.STANDARD.lm
+    assert (mt.vocab, mt.d_model, mt.heads, mt.ffn, mt.layers, mt.dropout) == (8000, 256, 4, 1024, 3, 0.1)
+    assert (mt.train_batch, mt.src_len, mt.tgt_len, mt.warmup, mt.steps) == (64, 24, 24, 5, 20)
+    assert (mt.greedy_batch, mt.beam_batch, mt.beam, mt.decode_runs) == (64, 16, 5, 3)
+    assert (lm.vocab, lm.d_model, lm.heads, lm.ffn, lm.layers, lm.dropout) == (256, 256, 4, 1024, 4, 0.1)
+    assert (lm.batch, lm.segment, lm.memory, lm.context, lm.warmup, lm.steps) == (32, 128, 384, 512, 5, 20)
+    assert (lm.eval_tokens, lm.eval_warmup_segments, lm.eval_passes) == (16384, 8, 3)
+    assert (lm.window_warmup, lm.windows) == (8, 256)
+    assert not speed.STANDARD.quick and speed.QUICK.quick
+
+
+@pytest.mark.parametrize("b", [64, 16])
+def test_mt_data_follows_the_generator_rule(b):
+    src, tgt_in, tgt = speed.mt_batch(b, speed.STANDARD.mt)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(src, torch.randint(4, 8000, (b, 24), generator=g))
+    assert torch.equal(tgt, torch.randint(4, 8000, (b, 24), generator=g))
+    assert torch.equal(tgt_in[:, 0], torch.full((b,), 1)) and torch.equal(tgt_in[:, 1:], tgt[:, :-1])
+
+
+def test_lm_training_data_follows_the_generator_rule():
+    data = speed.lm_train_data(speed.STANDARD.lm)
+    n = 5 + 20
+    assert torch.equal(data, torch.randint(0, 256, (32, n * 128 + 1), generator=torch.Generator().manual_seed(0)))
+    for i in (0, 7, n - 1):
+        x, y = speed.lm_train_batch(data, i, 128)
+        assert x.shape == y.shape == (32, 128)
+        assert torch.equal(x, data[:, i * 128 : i * 128 + 128]) and torch.equal(y, data[:, i * 128 + 1 : i * 128 + 129])
+
+
+def test_lm_evaluation_data_follows_the_generator_rule():
+    ids = speed.lm_eval_data(speed.STANDARD.lm)
+    assert torch.equal(ids, torch.randint(0, 256, (16384 + 512 + 1,), generator=torch.Generator().manual_seed(1)))
+
+
+def test_xl_memory_is_carried_and_detached_in_training():
+    shape, seen = dataclasses.replace(speed.QUICK.lm, steps=4), []  # 5 batches of segment 16, memory 48
+    xl = speed.ATTNKIT.lm["xl"]
+
+    def recording_forward(model, x, mems, s):
+        seen.append(None if mems is None else (mems[0].size(1), any(m.requires_grad for m in mems)))
+        return xl.forward(model, x, mems, s)
+
+    torch.manual_seed(0)
+    case = speed.lm_train_case(speed.LMAdapter(xl.build, recording_forward, xl.notes), shape)
+    for i in range(5):
+        case.loss(i, "float32").backward()
+    assert seen == [None, (16, False), (32, False), (48, False), (48, False)]
+
+
+# --- planning, skip notes, tables ------------------------------------------------------------------
+def test_cli_choices_follow_the_measurement_code():
+    assert set(bench_cli.WORKLOAD_CHOICES) == {*speed.WORKLOADS, *bench.GROUPS}
+    assert set(bench_cli.PEER_CHOICES) == set(peers.PEERS)
+    assert bench.expand_workloads(["lm", "mt-train"]) == ["mt-train", *bench.GROUPS["lm"]]
+
+
+def fake_subprocess(toolkit: str, workloads: list[str], **kw) -> list[dict]:
+    if toolkit == "machine":
+        return [{"toolkit": "machine", "workload": "matmul-peak", "gflop_s": 100.0, "n": 64, "dtype": "float32",
+                 "gflop_s_by_n": {"32": 50.0, "64": 100.0},
+                 "torch": torch.__version__, "threads": 1}]
+    return [{"toolkit": toolkit, "workload": w, "tok_s": 10.0 * (i + 1), "peak_rss_mb": 300.0, "params": 5,
+             "flops_per_step": 10**9, "gflop_s": 25.0, "est_s": 2.0, "notes": f"{toolkit} model", "version": "1"}
+            for i, w in enumerate(workloads)]
+
+
+def test_missing_peers_become_skip_notes(monkeypatch, capsys):
+    monkeypatch.setattr(peers, "installed", lambda name: False)
+    monkeypatch.setattr(bench, "run_in_subprocess", fake_subprocess)
+    workloads = ["mt-train", "lm-eval-xl", "lm-eval-vanilla"]
+    rows = bench.annotate(bench.run_bench(workloads, ["huggingface", "xtransformers"], threads=1, quick=True))
+    assert [(r["toolkit"], r["workload"]) for r in rows][:4] == [
+        ("machine", "matmul-peak"), ("attnkit", "mt-train"), ("huggingface", "mt-train"), ("xtransformers", "mt-train")]
+    skipped = [r for r in rows if "skipped" in r]
+    assert len(skipped) == 2 * len(workloads) and all("not installed" in r["skipped"] for r in skipped)
+    train = rows[1]
+    assert train["vs_fastest"] == 1.0 and train["pct_matmul_peak"] == pytest.approx(25.0)
+    xl = next(r for r in rows if r["workload"] == "lm-eval-xl" and r["toolkit"] == "attnkit")
+    assert xl["xl_speedup"] == pytest.approx(20.0 / 30.0)  # the fake: eval-xl 20, eval-vanilla 30 tok/s
+    err = capsys.readouterr().err
+    assert err.count("bench [") == 1 + len(workloads)  # the matmul peak, then attnkit's measurements
+    text = bench.render(rows, dtype="float32", threads=1, quick=True)
+    assert "QUICK SMOKE RUN" in text and text.count("x-transformers is not installed") == len(workloads)
+    assert "| train (B 4, 6→6) | attnkit | 10.0 | 1.00× |" in text
+
+
+def test_json_file_is_not_overwritten_without_force(tmp_path, capsys):
+    out = tmp_path / "bench.jsonl"
+    out.write_text("keep\n")
+    assert main(["bench", "--quick", "--json", out]) == 2
+    assert "already exists" in capsys.readouterr().err and out.read_text() == "keep\n"
+
+
+def test_mt_peers_script_is_a_bench_shortcut():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mt_peers.py"
+    spec = importlib.util.spec_from_file_location("mt_peers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.bench_argv(["--peers", "attnkit", "xtransformers", "--workloads", "greedy", "beam5"]) == [
+        "bench", "--workloads", "mt-greedy", "mt-beam5", "--peers", "xtransformers"]
+
+
+# --- end to end ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_quick_bench_prints_every_row(tmp_path, capsys):
+    out = tmp_path / "bench.jsonl"
+    assert main(["bench", "--quick", "--threads", "1", "--json", out]) == 0
+    text, err = capsys.readouterr()
+    assert text.startswith("**QUICK SMOKE RUN") and "### MT" in text and "### LM" in text
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["workload"] == "matmul-peak" and rows[0]["gflop_s"] > 0
+    assert len(rows) == 1 + len(speed.WORKLOADS) * (1 + len(peers.PEERS))
+    assert all(r["quick"] for r in rows)
+    for r in rows[1:]:
+        label = bench.workload_label(r["workload"], speed.QUICK)
+        assert f"| {label} | {LABEL[r['toolkit']]} |" in text  # every (workload, toolkit) has its row
+        if r["toolkit"] == "attnkit":
+            assert r["tok_s"] > 0 and r["torch"] == torch.__version__ and r["threads"] == 1, r
+        else:
+            assert "tok_s" in r or "skipped" in r or "error" in r
+    trains = [r for r in rows if r["workload"] in speed.TRAIN_WORKLOADS and r["toolkit"] == "attnkit"]
+    assert all(r["flops_per_step"] > 0 and r["pct_matmul_peak"] > 0 for r in trains)
+    if peers.installed("huggingface"):
+        hf_xl = [r for r in rows if r["toolkit"] == "huggingface" and r["workload"].endswith("-xl")]
+        assert all("no Transformer-XL" in r["skipped"] for r in hf_xl)
+    measured = sum(1 for r in rows if "skipped" not in r)
+    assert err.count("bench [") == measured
