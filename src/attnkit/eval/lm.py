@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from attnkit.config import TransformerXLConfig, replace
 from attnkit.data.lm import LMStreams
@@ -59,13 +58,6 @@ class LMScores:
     def summary(self) -> str:
         return (f"loss {self.loss:.4f} nats | ppl {self.ppl:.2f} | bpc {self.bpc:.4f} | "
                 f"{self.tokens:,} tokens | {self.tok_s:,.0f} tok/s")
-
-
-def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of (..., V) logits (or an adaptive model's log-probabilities) against (...) targets;
-    half-precision logits in float32. The LM trainer and evaluators use `model(x, targets=y)` instead."""
-    logits = logits.float() if logits.element_size() < 4 else logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
 
 
 @torch.no_grad()
