@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnkit.nn import MultiHeadAttention, causal_mask, key_padding_to_attn_mask, scaled_dot_product, sinusoid_table
+from attnkit.nn.dropout import drop, dropout, keep_mask
 
 
 def explicit_mha(mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, keep: torch.Tensor | None):
@@ -87,3 +88,31 @@ def test_sinusoid_table_follows_the_formula():
             angle = pos / 10000 ** (2 * i / 8)
             assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
             assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+# --- dropout --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_mask_drops_each_element_with_probability_p_independently(p):
+    torch.manual_seed(0)
+    n = 400_001  # odd: the last 64-bit draw is half used
+    keep = keep_mask(torch.Size([n]), p, torch.device("cpu"))
+    rate = 1.0 - keep.float().mean().item()
+    assert abs(rate - p) < 5 * math.sqrt(p * (1 - p) / n)  # 5 standard errors
+    even, odd = 1.0 - keep[0::2].float().mean().item(), 1.0 - keep[1::2].float().mean().item()
+    assert abs(even - p) < 0.01 and abs(odd - p) < 0.01  # both halves of each 64-bit draw
+    pairs = keep[:-1].view(-1, 2).float()  # neighbours (the two halves of one draw) are independent
+    assert abs((pairs[:, 0] * pairs[:, 1]).mean().item() - (1 - p) ** 2) < 0.01
+    torch.manual_seed(0)
+    assert torch.equal(keep_mask(torch.Size([n]), p, torch.device("cpu")), keep)  # the seed reproduces it
+
+
+def test_dropout_scales_the_kept_elements_and_keeps_the_expectation():
+    torch.manual_seed(1)
+    x = torch.rand(64, 1000) + 0.5
+    out = dropout(x, 0.25, training=True)
+    kept = out.ne(0)
+    torch.testing.assert_close(out[kept], x[kept] / 0.75)
+    assert abs(out.mean().item() / x.mean().item() - 1) < 0.01
+    assert dropout(x, 0.25, training=False) is x
+    kept_part, scale = drop(x, 0.25, training=True)
+    assert scale == 1 / 0.75 and set(kept_part[kept_part.ne(x)].tolist()) <= {0.0}

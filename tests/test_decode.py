@@ -40,7 +40,7 @@ TABLE = {  # P(next | last)
 class ChainState:
     length: int = 0
 
-    def reorder(self, rows: torch.Tensor) -> ChainState:
+    def reorder(self, rows: torch.Tensor, *, within_sentences: bool = False) -> ChainState:
         return self
 
 
@@ -120,7 +120,7 @@ class UncachedState:
     enc: object
     tokens: torch.Tensor  # (N, t)
 
-    def reorder(self, rows):
+    def reorder(self, rows, *, within_sentences=False):  # the source side is reordered anyway: always right
         enc = type(self.enc)(self.enc.memory.index_select(0, rows), self.enc.pad_mask.index_select(0, rows))
         return UncachedState(enc, self.tokens.index_select(0, rows))
 

@@ -15,7 +15,7 @@ from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
 from attnkit.models.transformer_xl import TransformerXL, generate
 from attnkit.nn import sinusoid_table
-from attnkit.nn.relative import RelativeMultiHeadAttention, rel_shift
+from attnkit.nn.relative import RelativeMultiHeadAttention, add_rel_shifted, rel_shift
 
 V = 11
 
@@ -57,7 +57,7 @@ def test_relative_attention_equals_explicit_double_loop(mem):
     s = mem + t
     pos = torch.randn(s, d, dtype=torch.float64)  # row c: the "sinusoid" of distance S-1-c
     mask = torch.ones(t, s, dtype=torch.bool).tril(diagonal=mem)
-    out, weights = attn(x, memory, pos, mask=mask, need_weights=True)
+    out, weights, kv = attn(x, memory, attn.position_keys(pos), mask=mask, need_weights=True)
 
     dh = d // n_heads
     context = x if memory is None else torch.cat([memory, x], 1)
@@ -77,6 +77,46 @@ def test_relative_attention_equals_explicit_double_loop(mem):
     ref_out = torch.einsum("bhts,bshd->bthd", ref_weights, v).reshape(b, t, d) @ attn.out_proj.weight.T
     torch.testing.assert_close(weights, ref_weights)
     torch.testing.assert_close(out, ref_out)
+    assert torch.equal(kv.k, k.transpose(1, 2)) or torch.allclose(kv.k, k.transpose(1, 2))
+    # the fused path (no autograd: evaluation) and the cached memory keys/values give the same output
+    with torch.no_grad():
+        fused, none, _ = attn(x, memory, attn.position_keys(pos), mask=mask)
+        assert none is None
+        torch.testing.assert_close(fused, ref_out)
+        if mem:
+            cached = attn.project_kv(memory)
+            torch.testing.assert_close(attn(x, None, attn.position_keys(pos), mask=mask, memory_kv=cached)[0], ref_out)
+
+
+def reference_rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """The paper's pad-and-reshape (appendix B), with its copies: the shift the strided view replaces."""
+    b, h, t, s = x.shape
+    padded = torch.cat([x.new_zeros(b, h, t, 1), x], dim=-1).view(b, h, s + 1, t)
+    return padded[:, :, 1:].reshape(b, h, t, s)
+
+
+@pytest.mark.parametrize("t,s", [(1, 1), (1, 6), (4, 4), (4, 9), (7, 10)])
+def test_add_rel_shifted_matches_the_papers_shift_in_values_and_gradients(t, s):
+    gen = torch.Generator().manual_seed(t * 100 + s)
+    content = torch.randn(2, 3, t, s, dtype=torch.float64, generator=gen, requires_grad=True)
+    raw = torch.randn(3, 2, t, s, dtype=torch.float64, generator=gen)  # a permuted layout, as einsum returns
+    position = raw.permute(1, 0, 2, 3).requires_grad_()
+    keep = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+    upstream = torch.randn(2, 3, t, s, dtype=torch.float64, generator=gen)
+
+    def loss(fn):
+        scores = fn(content, position)
+        weights = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+        return (weights * upstream).sum() + (scores.masked_fill(~keep, 0.0) * upstream).sum()
+
+    ours = loss(add_rel_shifted)
+    grads = torch.autograd.grad(ours, (content, position))
+    ref = loss(lambda c, p: c + reference_rel_shift(p))
+    ref_grads = torch.autograd.grad(ref, (content, position))
+    torch.testing.assert_close(ours, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    assert grads[1].abs().sum() > 0
 
 
 def test_relative_positions_and_clamp_len():
@@ -132,6 +172,34 @@ def test_segments_with_enough_memory_equal_the_whole_sequence(n_layers):
         logits, mems = model(x[:, start : start + 4], mems, mem_len=2)
         parts.append(logits.log_softmax(-1))
     assert not torch.allclose(torch.cat(parts, 1), whole)
+
+
+def test_cached_memory_keys_and_position_keys_equal_recomputing_them():
+    """Without autograd the memory carries its keys/values and the position keys are kept: the same log-probs
+    as recomputing everything, and a change of the weights is noticed."""
+    model = tiny(n_layers=2, norm_first=True)  # pre-LN: the memory is normalised before its projection
+    x = tokens(2, 15)
+
+    def segments(mems=None):
+        parts = []
+        for start in range(0, 15, 5):
+            logits, mems = model(x[:, start : start + 5], mems, mem_len=7)
+            parts.append(logits)
+        return torch.cat(parts, 1), mems
+
+    recomputed, plain = segments()  # autograd on: nothing is cached
+    assert plain.kv is None
+    with torch.no_grad():
+        cached, mems = segments()
+        assert mems.kv is not None and mems.kv[0].k.shape == (2, 2, 7, 8)
+        torch.testing.assert_close(cached, recomputed)
+        with torch.no_grad():
+            model.layers[0].attn.in_proj.weight.mul_(1.5)  # in place: the cached keys/values are stale now
+            model.layers[1].attn.pos_proj.weight.mul_(0.5)
+        after_kv, _ = model(x[:, :5], mems, mem_len=7)
+    with torch.enable_grad():
+        expected, _ = model(x[:, :5], list(mems), mem_len=7)
+    torch.testing.assert_close(after_kv, expected)
 
 
 def test_no_position_sees_the_future_even_through_memory():

@@ -1,7 +1,8 @@
 """Batched beam search over the models' encode / step interface, with the key/value cache.
 
 B sentences, K beams, A = active sentences, N = A * K rows, V vocabulary, t output position.
-The decoder state is reordered with `state.reorder(rows)`, so any seq2seq model family works.
+The decoder state is reordered with `state.reorder(rows)`, so any seq2seq model family works; while
+the rows only trade places within their sentence's block, the source side is kept (`within_sentences`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
         last = top_tok.gather(1, keep).view(-1)
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
         attn_hist = None if attn_hist is None else attn_hist.index_select(0, rows)
-        state, rules = state.reorder(rows), rules.reorder(rows)
+        state, rules = state.reorder(rows, within_sentences=True), rules.reorder(rows)  # rows stay in their blocks
         best_possible = _best_possible(beam_scores, t, rules.limits.view(a, k)[:, 0], len_penalty, len_style)
         running = torch.tensor([len(finished[s]) < k or finished[s][-1].norm_score < bound
                                 for s, bound in zip(sentences.tolist(), best_possible.tolist())], device=device)

@@ -50,7 +50,13 @@ class StepRules:
         return StepRules(self.limits.index_select(0, rows), self.min_len, prefix, self.no_repeat_ngram)
 
     def apply(self, logp: torch.Tensor, t: int, history: torch.Tensor) -> torch.Tensor:
-        """logp (N, V) at output position t, history (N, t) -> constrained log-probs (a new tensor)."""
+        """logp (N, V) at output position t, history (N, t) -> constrained log-probs (a new tensor, or logp
+        itself when no rule touches step t)."""
+        bans = (t < self.min_len or bool(self.no_repeat_ngram and t + 1 >= self.no_repeat_ngram)
+                or (self.prefix is not None and t < self.prefix.size(1)))
+        at_limit = self.limits.le(t)  # (N,)
+        if not bans and not at_limit.any():
+            return logp
         model_logp, logp = logp, logp.clone()
         if t < self.min_len:
             logp[:, EOS_ID] = float("-inf")
@@ -63,7 +69,8 @@ class StepRules:
             logp[rows] = float("-inf")
             logp[rows, forced[rows]] = kept
         # a row whose every token is banned (e.g. no_repeat_ngram 1 after all tokens were used) must end here
-        at_limit = self.limits.le(t) | torch.isneginf(logp).all(dim=1)  # (N,)
+        if bans:
+            at_limit = at_limit | torch.isneginf(logp).all(dim=1)
         if at_limit.any():
             eos = logp[at_limit, EOS_ID]
             logp[at_limit] = float("-inf")

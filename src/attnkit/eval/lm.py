@@ -125,7 +125,8 @@ def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 25
 
     Vanilla: one forward pass over a window of W per predicted token (batch 1). XL: one segment of
     T = W * segment_fraction over a full memory of M = W - T per T tokens (segment 128 + memory 384 at
-    W = 512, as the LM workload of ../shared/bench/WORKLOADS.md). Both models are built from `config`,
+    W = 512, as the LM workload of ../shared/bench/WORKLOADS.md), as a stream carries it: the states and
+    the keys/values of the last M positions. Both models are built from `config`,
     randomly initialised (speed does not depend on the weights); median of `runs` timed calls.
     """
     from attnkit.models import build_model
@@ -141,7 +142,8 @@ def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 25
         window = torch.randint(config.vocab_size, (1, w), device=device)
         vanilla_s = timed(lambda window=window: vanilla(window), 1, runs)
         segment = torch.randint(config.vocab_size, (1, t), device=device)
-        mems = [torch.randn(1, m, config.d_model, device=device) for _ in range(config.n_layers)]
+        # the memory as streaming evaluation carries it: the states and their keys/values of M positions
+        _, mems = xl(torch.randint(config.vocab_size, (1, m), device=device), mem_len=m)
         xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs)
         rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t))
     return rows

@@ -67,14 +67,18 @@ class RNNState:
     feed: torch.Tensor | None = None  # (B, H) Luong's input feeding: h~_{t-1}
     length: int = 0  # target positions already fed
 
-    def reorder(self, indices: torch.Tensor) -> RNNState:
-        """Select/reorder batch rows (beam search, dropping finished sentences)."""
+    def reorder(self, indices: torch.Tensor, *, within_sentences: bool = False) -> RNNState:
+        """Select/reorder batch rows (beam search, dropping finished sentences). `within_sentences`: every
+        row keeps its source sentence (beams of one sentence trade places), so the source side stays."""
 
         def rows(x: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
             return None if x is None else x.index_select(dim, indices)
 
-        return RNNState(rows(self.hidden, 1), rows(self.cell, 1), rows(self.memory), rows(self.keys),
-                        rows(self.pad_mask), rows(self.summary), rows(self.feed), self.length)
+        def source(x: torch.Tensor | None) -> torch.Tensor | None:
+            return x if within_sentences else rows(x)
+
+        return RNNState(rows(self.hidden, 1), rows(self.cell, 1), source(self.memory), source(self.keys),
+                        source(self.pad_mask), source(self.summary), rows(self.feed), self.length)
 
 
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -37,11 +37,12 @@ class DecoderState:
     self_kv: list[KVCache | None]  # per layer: decoder self-attention keys/values so far
     length: int = 0  # target positions already fed
 
-    def reorder(self, indices: torch.Tensor) -> DecoderState:
-        """Select/reorder batch rows (beam search, dropping finished sentences)."""
+    def reorder(self, indices: torch.Tensor, *, within_sentences: bool = False) -> DecoderState:
+        """Select/reorder batch rows (beam search, dropping finished sentences). `within_sentences`: every
+        row keeps its source sentence (beams of one sentence trade places), so the source side stays."""
         return DecoderState(
-            memory_kv=[kv.reorder(indices) for kv in self.memory_kv],
-            memory_mask=self.memory_mask.index_select(0, indices),
+            memory_kv=self.memory_kv if within_sentences else [kv.reorder(indices) for kv in self.memory_kv],
+            memory_mask=self.memory_mask if within_sentences else self.memory_mask.index_select(0, indices),
             self_kv=[None if kv is None else kv.reorder(indices) for kv in self.self_kv],
             length=self.length,
         )

@@ -8,6 +8,9 @@ list of L tensors (B, M, D) — the inputs of each layer over the previous segme
 that list updated with this segment and cut to the last `mem_len` positions. Memory is never stored
 on the module, so the caller decides what carries over (ordered training streams, evaluation with a
 longer memory, sampling one token at a time). `need_weights=True` adds the attention weights per layer.
+Without autograd (evaluation, sampling) the returned `Memory` also carries the memory's keys and values,
+and the position keys W_{k,R} R are kept between segments: both are what the next segment would compute
+again from unchanged weights, so a segment costs its own T positions, not M + T (exact, and tested).
 `forward(x, mems, targets=y)` returns the per-token NLL (B, T) in place of the logits: training and
 evaluation take that path, which never builds (B, T, V) with the adaptive softmax.
 
@@ -34,6 +37,7 @@ from attnkit.config import TransformerXLConfig
 from attnkit.errors import ConfigError
 from attnkit.nn import Dropout, EncoderLayer, FeedForward, SinusoidalPositions, causal_mask, sinusoid_table
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from attnkit.nn.attention import KVCache
 from attnkit.nn.layers import Residual
 from attnkit.nn.relative import RelativeMultiHeadAttention
 
@@ -50,20 +54,36 @@ class XLLayer(nn.Module):
         self.attn_block = Residual(c.d_model, c.dropout, c.norm_first)
         self.ffn_block = Residual(c.d_model, c.dropout, c.norm_first)
 
-    def forward(self, x: torch.Tensor, mem: torch.Tensor | None, pos: torch.Tensor, *, mask: torch.Tensor,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, D), mem (B, M, D) or None, pos (S, D), mask (T, S) -> (B, T, D), weights (B, H, T, S)."""
-        weights = None
+    def forward(self, x: torch.Tensor, mem: torch.Tensor | None, r: torch.Tensor, *, mask: torch.Tensor,
+                mem_kv: KVCache | None = None, need_weights: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
+        """x (B, T, D), mem (B, M, D) or None (or its keys/values mem_kv), r (H, S, Dh) position keys,
+        mask (T, S) -> (B, T, D), weights (B, H, T, S) or None, the context's keys/values (B, H, S, Dh)."""
+        weights = kv = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
-            nonlocal weights
+            nonlocal weights, kv
             # Pre-LN normalises the memory with the same LayerNorm as the segment (the XL reference's pre_lnorm).
-            m = self.attn_block.norm(mem) if mem is not None and self.attn_block.norm_first else mem
-            out, weights = self.attn(h, m, pos, mask=mask, need_weights=need_weights)
+            m = self.attn_block.norm(mem) if mem is not None and mem_kv is None and self.attn_block.norm_first else mem
+            out, weights, kv = self.attn(h, m, r, mask=mask, memory_kv=mem_kv, need_weights=need_weights)
             return out
 
         x = self.attn_block(x, attend)
-        return self.ffn_block(x, self.ffn), weights
+        return self.ffn_block(x, self.ffn), weights, kv
+
+
+class Memory(list):
+    """What `mems` holds: L tensors (B, M, D), the inputs of each layer over the last M positions.
+
+    Computed without autograd (evaluation, sampling), it also carries each layer's keys and values of
+    those positions (B, H, M, Dh), so the next segment projects only its own T positions; `key` says
+    for which weights and precision they were computed, and they are ignored when that changed.
+    Anything that builds its own list (or trains) simply gets them recomputed.
+    """
+
+    def __init__(self, states: Mems, kv: list[KVCache] | None = None, key: tuple | None = None):
+        super().__init__(states)
+        self.kv, self.key = kv, key
 
 
 def _rename_legacy_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
@@ -129,6 +149,25 @@ class TransformerXL(_LanguageModel):
         table = table.to(device=device, dtype=self.embed.weight.dtype)
         return table[dist]  # (S, D)
 
+    def cache_key(self, device: torch.device) -> tuple | None:
+        """What cached keys are valid for: these weights (storage and in-place version) at this precision.
+        None while autograd is on or in training mode: then nothing is cached."""
+        if torch.is_grad_enabled() or self.training:
+            return None
+        autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type)
+        return (autocast, *((p.data_ptr(), p._version, p.dtype) for p in self.parameters()))
+
+    def position_keys(self, s: int, clamp_len: int, device: torch.device, key: tuple | None) -> list[torch.Tensor]:
+        """Per layer W_{k,R} R (H, S, Dh) for the distances S-1 .. 0; kept while `key`, S and clamp_len stay."""
+        if key is not None and self._position_keys is not None and self._position_keys[0] == (key, s, clamp_len):
+            return self._position_keys[1]
+        pos = self.dropout(self.relative_positions(s, clamp_len, device))  # (S, D)
+        keys = [layer.attn.position_keys(pos) for layer in self.layers]
+        self._position_keys = None if key is None else ((key, s, clamp_len), keys)
+        return keys
+
+    _position_keys: tuple | None = None
+
     def attention_mask(self, t: int, m: int, mem_len: int, device: torch.device) -> torch.Tensor:
         """(T, S) True = may attend: causal over memory + segment; with same_length, at most mem_len keys."""
         keep = causal_mask(t, m + t, device)  # every memory position precedes every query
@@ -141,30 +180,37 @@ class TransformerXL(_LanguageModel):
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
                 mem_len: int = 0, clamp_len: int = 0, need_weights: bool = False):
         """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T), the NLL (B, T);
-        new mems L x (B, min(mem_len, M+T), D) [, weights L x (B, H, T, S) when need_weights]."""
+        new mems L x (B, min(mem_len, M+T), D) (a `Memory`) [, weights L x (B, H, T, S) when need_weights]."""
         mems = mems or None
         t, m = x.size(1), 0 if mems is None else mems[0].size(1)
+        key = self.cache_key(x.device)
+        mem_kv = mems.kv if isinstance(mems, Memory) and mems.kv is not None and mems.key == key else None
         h = self.dropout(self.embed_tokens(x))
-        pos = self.dropout(self.relative_positions(m + t, clamp_len, x.device))
+        rs = self.position_keys(m + t, clamp_len, x.device, key)  # L x (H, S, Dh)
         mask = self.attention_mask(t, m, mem_len, x.device)
-        inputs, weights = [], []
+        inputs, weights, kvs = [], [], []
         for i, layer in enumerate(self.layers):
             inputs.append(h)
-            h, w = layer(h, None if mems is None else mems[i], pos, mask=mask, need_weights=need_weights)
+            h, w, kv = layer(h, None if mems is None else mems[i], rs[i], mask=mask,
+                             mem_kv=None if mem_kv is None else mem_kv[i], need_weights=need_weights)
             weights.append(w)
+            kvs.append(kv)
         out = self.output(h, targets)
         new_mems = self.update_mems(mems, inputs, mem_len)
+        if key is not None and new_mems:  # the keys/values of exactly the positions kept
+            keep = new_mems[0].size(1)
+            new_mems = Memory(new_mems, [KVCache(kv.k[:, :, -keep:], kv.v[:, :, -keep:]) for kv in kvs], key)
         return (out, new_mems, weights) if need_weights else (out, new_mems)
 
     @staticmethod
-    def update_mems(mems: Mems | None, inputs: Mems, mem_len: int) -> Mems:
+    def update_mems(mems: Mems | None, inputs: Mems, mem_len: int) -> Memory:
         """The last mem_len positions of concat(memory, segment) per layer, cut from the graph (section 3.2: SG)."""
         if mem_len <= 0:
-            return []
+            return Memory([])
         with torch.no_grad():
             if mems is None:
-                return [h[:, -mem_len:].detach() for h in inputs]
-            return [torch.cat([old, h], dim=1)[:, -mem_len:].detach() for old, h in zip(mems, inputs)]  # (B, M', D)
+                return Memory([h[:, -mem_len:].detach() for h in inputs])
+            return Memory([torch.cat([old, h], dim=1)[:, -mem_len:].detach() for old, h in zip(mems, inputs)])
 
 
 class VanillaLM(_LanguageModel):

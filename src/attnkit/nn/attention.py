@@ -3,8 +3,9 @@
 B batch, T query length, S key length, H heads, Dh head dim, D = H * Dh model dim.
 
 The fast path is `torch.nn.functional.scaled_dot_product_attention` (fused kernels on CPU and CUDA);
-when the caller asks for the weights (pictures, alignments) the explicit path computes
-softmax(QK^T / sqrt(Dh)) V and returns them. Variants (relative attention) override `scores`.
+when the caller asks for the weights (pictures, alignments) the explicit path (`weigh`) computes
+softmax(QK^T / sqrt(Dh)) V and returns them. Variants (relative attention) build their own logits and
+reuse `weigh`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnkit.nn.dropout import drop
 from attnkit.nn.masks import causal_mask
 
 
@@ -88,7 +90,7 @@ class MultiHeadAttention(nn.Module):
         return KVCache(self.split_heads(k), self.split_heads(v))
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Attention logits (B, H, T, S). Variants override this hook (relative positions)."""
+        """Attention logits (B, H, T, S)."""
         return q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
 
     def attend(
@@ -102,23 +104,30 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, H, T, Dh) queries over (B, H, S, Dh) keys -> ((B, T, D), weights (B, H, T, S) or None)."""
-        dropout = self.dropout if self.training else 0.0
-        if need_weights or type(self).scores is not MultiHeadAttention.scores:
-            scores = self.scores(q, k)
-            if causal:
-                scores = scores.masked_fill(~causal_mask(q.size(2), k.size(2), q.device), float("-inf"))
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            # Half-precision scores are normalised in float32; float32/float64 stay as they are.
-            weights = (scores.float() if scores.element_size() < 4 else scores).softmax(dim=-1).to(q.dtype)
-            out = F.dropout(weights, dropout, self.training) @ v
-            return self.merge_heads(out), weights
+        if need_weights:
+            return self.weigh(self.scores(q, k), v, mask=mask, causal=causal)
         if causal and (mask is not None or q.size(2) != k.size(2)):
             # SDPA's is_causal aligns top-left; with a prefix of keys or a padding mask, spell it out.
             keep = causal_mask(q.size(2), k.size(2), q.device)
             mask, causal = (keep if mask is None else mask & keep), False
+        dropout = self.dropout if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
         return self.merge_heads(out), None
+
+    def weigh(
+        self, scores: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, causal: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The explicit path: logits (B, H, T, S), a fresh tensor that is masked in place, -> softmax, dropout,
+        @ V -> (output (B, T, D), weights (B, H, T, S))."""
+        if causal:
+            scores.masked_fill_(~causal_mask(scores.size(2), scores.size(3), scores.device), float("-inf"))
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))
+        # Half-precision scores are normalised in float32; float32/float64 stay as they are.
+        weights = (scores.float() if scores.element_size() < 4 else scores).softmax(dim=-1).to(v.dtype)
+        kept, scale = drop(weights, self.dropout, self.training)
+        out = kept @ v  # (B, H, T, Dh)
+        return self.merge_heads(out if scale == 1.0 else out * scale), weights
 
     def forward(
         self,
