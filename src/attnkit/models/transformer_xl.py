@@ -135,6 +135,7 @@ class _LanguageModel(nn.Module):
 
 class TransformerXL(_LanguageModel):
     kind = "transformer-xl"
+    _position_keys: tuple | None = None  # ((cache key, S, clamp_len), L x (H, S, Dh)): see position_keys
 
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
@@ -165,8 +166,6 @@ class TransformerXL(_LanguageModel):
         keys = [layer.attn.position_keys(pos) for layer in self.layers]
         self._position_keys = None if key is None else ((key, s, clamp_len), keys)
         return keys
-
-    _position_keys: tuple | None = None
 
     def attention_mask(self, t: int, m: int, mem_len: int, device: torch.device) -> torch.Tensor:
         """(T, S) True = may attend: causal over memory + segment; with same_length, at most mem_len keys."""
