@@ -116,3 +116,16 @@ def test_dropout_scales_the_kept_elements_and_keeps_the_expectation():
     assert dropout(x, 0.25, training=False) is x
     kept_part, scale = drop(x, 0.25, training=True)
     assert scale == 1 / 0.75 and set(kept_part[kept_part.ne(x)].tolist()) <= {0.0}
+
+
+def test_feed_forward_folds_the_dropout_scale_into_w2_exactly():
+    from attnkit.nn.layers import FeedForward
+
+    torch.manual_seed(0)
+    ffn = FeedForward(8, 32, dropout=0.3).double().train()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    torch.manual_seed(3)
+    folded = ffn(x)
+    torch.manual_seed(3)  # the same mask: dropout, then W2
+    torch.testing.assert_close(folded, ffn.w2(dropout(torch.relu(ffn.w1(x)), 0.3, training=True)))
+    assert folded.ne(ffn.eval()(x)).any()  # dropout really acted
