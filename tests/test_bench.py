@@ -170,13 +170,20 @@ def test_json_file_is_not_overwritten_without_force(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and out.read_text() == "keep\n"
 
 
-def test_mt_peers_script_is_a_bench_shortcut():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mt_peers.py"
-    spec = importlib.util.spec_from_file_location("mt_peers", path)
+def test_peers_script_is_a_bench_shortcut():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
+    spec = importlib.util.spec_from_file_location("peers_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.bench_argv(["--peers", "attnkit", "xtransformers", "--workloads", "greedy", "beam5"]) == [
-        "bench", "--workloads", "mt-greedy", "mt-beam5", "--peers", "xtransformers"]
+    assert module.bench_argv(["--family", "mt", "--peers", "attnkit", "xtransformers", "--workloads", "greedy",
+                              "beam5"]) == ["bench", "--workloads", "mt-greedy", "mt-beam5", "--peers", "xtransformers",
+                                            "--dtype", "float32"]
+    argv = module.bench_argv(["--family", "lm", "--dtype", "bfloat16"])
+    assert argv[:6] == ["bench", "--workloads", "lm-train-xl", "lm-train-vanilla", "lm-eval-xl", "lm-eval-vanilla"]
+    assert argv[-2:] == ["--dtype", "bfloat16"]
+    assert all(w in speed.WORKLOADS for w in module.bench_argv([])[2:9])  # every workload bench knows
+    with pytest.raises(SystemExit):
+        module.bench_argv(["--family", "lm", "--workloads", "greedy"])
 
 
 # --- end to end ----------------------------------------------------------------------------------
