@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnkit.nn import MultiHeadAttention, causal_mask, key_padding_to_attn_mask, scaled_dot_product, sinusoid_table
+from attnkit.nn.attention import KVCache
 from attnkit.nn.dropout import drop, dropout, keep_mask
 
 
@@ -94,16 +95,38 @@ def test_sinusoid_table_follows_the_formula():
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_dropout_mask_drops_each_element_with_probability_p_independently(p):
     torch.manual_seed(0)
-    n = 400_001  # odd: the last 64-bit draw is half used
+    n = 400_003  # not a multiple of 4: the last 64-bit draw is partly used
     keep = keep_mask(torch.Size([n]), p, torch.device("cpu"))
     rate = 1.0 - keep.float().mean().item()
     assert abs(rate - p) < 5 * math.sqrt(p * (1 - p) / n)  # 5 standard errors
-    even, odd = 1.0 - keep[0::2].float().mean().item(), 1.0 - keep[1::2].float().mean().item()
-    assert abs(even - p) < 0.01 and abs(odd - p) < 0.01  # both halves of each 64-bit draw
-    pairs = keep[:-1].view(-1, 2).float()  # neighbours (the two halves of one draw) are independent
-    assert abs((pairs[:, 0] * pairs[:, 1]).mean().item() - (1 - p) ** 2) < 0.01
+    lanes = keep[: n // 4 * 4].view(-1, 4).float()  # the four 16-bit slices of each 64-bit draw
+    for lane in range(4):
+        assert abs(1.0 - lanes[:, lane].mean().item() - p) < 0.01
+    for a, b in [(0, 1), (1, 2), (2, 3), (0, 3)]:  # slices of one draw are independent
+        assert abs((lanes[:, a] * lanes[:, b]).mean().item() - (1 - p) ** 2) < 0.01
     torch.manual_seed(0)
     assert torch.equal(keep_mask(torch.Size([n]), p, torch.device("cpu")), keep)  # the seed reproduces it
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_dropout_keeps_the_same_elements_in_every_dtype(dtype):
+    """Narrow floats round the keep scores, but never across zero."""
+    torch.manual_seed(5)
+    reference = keep_mask(torch.Size([50_000]), 0.3, torch.device("cpu"))
+    torch.manual_seed(5)
+    kept, scale = drop(torch.ones(50_000, dtype=dtype), 0.3, training=True)
+    assert kept.dtype == dtype and scale == 1 / 0.7
+    assert torch.equal(kept.ne(0), reference)
+
+
+def test_dropout_gradient_flows_through_the_kept_elements_only():
+    torch.manual_seed(2)
+    x = torch.randn(3000, dtype=torch.float64, requires_grad=True)
+    out = dropout(x, 0.4, training=True)
+    g = torch.randn(3000, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(out, x, g)
+    kept = out.ne(0)
+    torch.testing.assert_close(grad, torch.where(kept, g / 0.6, 0.0))
 
 
 def test_dropout_scales_the_kept_elements_and_keeps_the_expectation():
@@ -129,3 +152,36 @@ def test_feed_forward_folds_the_dropout_scale_into_w2_exactly():
     torch.manual_seed(3)  # the same mask: dropout, then W2
     torch.testing.assert_close(folded, ffn.w2(dropout(torch.relu(ffn.w1(x)), 0.3, training=True)))
     assert folded.ne(ffn.eval()(x)).any()  # dropout really acted
+
+
+# --- key/value cache ------------------------------------------------------------------------------
+def test_kv_cache_grows_in_place_and_equals_concatenation():
+    torch.manual_seed(0)
+    steps = [torch.randn(2, 3, 1, 4) for _ in range(40)]  # past the first buffer's 33 positions
+    cache, kept = KVCache(torch.empty(2, 3, 0, 4), torch.empty(2, 3, 0, 4)), []
+    for i, step in enumerate(steps):
+        cache = cache.append(step, -step)
+        kept.append(cache)
+        expected = torch.cat(steps[: i + 1], dim=2)
+        torch.testing.assert_close(cache.k, expected)
+        torch.testing.assert_close(cache.v, -expected)
+    assert kept[5].k.data_ptr() == kept[20].k.data_ptr()  # one buffer, no copy per step
+    torch.testing.assert_close(kept[9].k, torch.cat(steps[:10], dim=2))  # older caches stay valid
+
+
+def test_kv_cache_branches_and_reorders_without_overwriting():
+    torch.manual_seed(1)
+    base = KVCache(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)).append(torch.randn(3, 2, 1, 4),
+                                                                            torch.randn(3, 2, 1, 4))
+    snapshot = base.k.clone()
+    a, b = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+    left, right = base.append(a, a), base.append(b, b)  # two branches from one cache
+    torch.testing.assert_close(left.k[:, :, -1:], a)
+    torch.testing.assert_close(right.k[:, :, -1:], b)
+    torch.testing.assert_close(base.k, snapshot)
+    rows = torch.tensor([2, 0, 0])
+    moved = left.reorder(rows)
+    torch.testing.assert_close(moved.k, left.k[rows])
+    grown = moved.append(b[:3], b[:3])
+    torch.testing.assert_close(grown.k, torch.cat([left.k[rows], b[:3]], dim=2))
+    torch.testing.assert_close(left.k[:, :, -1:], a)  # the reordered copy did not write into left's buffer

@@ -163,6 +163,28 @@ def test_missing_peers_become_skip_notes(monkeypatch, capsys):
     assert "| train (B 4, 6→6) | attnkit | 10.0 | 1.00× |" in text
 
 
+def test_rounds_take_turns_and_report_each_rows_median_round(monkeypatch):
+    monkeypatch.setattr(peers, "installed", lambda name: True)
+    calls: list[str] = []
+    figures = {"attnkit": iter([30.0, 10.0, 20.0]), "xtransformers": iter([5.0, 7.0, 6.0])}
+
+    def measure(toolkit: str, workloads: list[str], **kw) -> list[dict]:
+        calls.append(toolkit)
+        if toolkit == "machine":
+            return fake_subprocess(toolkit, workloads)
+        return [{"toolkit": toolkit, "workload": "mt-train", "tok_s": next(figures[toolkit]), "peak_rss_mb": 1.0}]
+
+    monkeypatch.setattr(bench, "run_in_subprocess", measure)
+    rows = bench.annotate(bench.run_bench(["mt-train"], ["xtransformers"], rounds=3))
+    assert calls == ["machine", "attnkit", "xtransformers", "xtransformers", "attnkit", "attnkit", "xtransformers"]
+    ak, xt = rows[1], rows[2]
+    assert (ak["tok_s"], ak["rounds"]) == (20.0, [30.0, 10.0, 20.0])
+    assert (xt["tok_s"], xt["rounds"]) == (6.0, [5.0, 7.0, 6.0])
+    assert xt["vs_fastest"] == pytest.approx(0.3)
+    text = bench.render(rows, dtype="float32", threads=2, quick=False)
+    assert "median of 3 rounds: 30.0 / 10.0 / 20.0" in text
+
+
 def test_json_file_is_not_overwritten_without_force(tmp_path, capsys):
     out = tmp_path / "bench.jsonl"
     out.write_text("keep\n")

@@ -3,6 +3,7 @@
     attnkit bench                                   # every workload, attnkit + every installed peer
     attnkit bench --workloads mt --peers xtransformers --json runs/bench.jsonl
     attnkit bench --workloads lm-train-xl lm-train-vanilla --dtype bfloat16
+    attnkit bench --workloads mt-train --rounds 3    # each measurement 3 times, toolkits taking turns
     attnkit bench --quick                           # tiny smoke shapes (tests, CI): NOT the standard workloads
 
 Workloads (../shared/bench/WORKLOADS.md): mt-train, mt-greedy, mt-beam5, lm-train-xl, lm-train-vanilla,
@@ -33,6 +34,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="precision of the training workloads (bfloat16 = autocast) and of the matmul peak")
     b.add_argument("--threads", type=int, default=2, help="torch threads per measurement (the standard: 2)")
+    b.add_argument("--rounds", type=int, default=1,
+                   help="run every measurement this many times, the toolkits taking turns, and report each "
+                        "one's median round (noisy machines)")
     b.add_argument("--quick", action="store_true",
                    help="tiny smoke shapes, one process per toolkit: NOT the standard workloads (tests, CI)")
     b.add_argument("--json", metavar="FILE", help="also write every result as JSON lines here")
@@ -49,11 +53,14 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> None:
 
     if args.threads < 1:
         raise AttnkitError("--threads must be at least 1")
+    if args.rounds < 1:
+        raise AttnkitError("--rounds must be at least 1")
     if args.json:
         ensure_new_output(args.json, args.force, "--json file")
     workloads = expand_workloads(args.workloads)
     peers = list(dict.fromkeys(args.peers))
-    rows = annotate(run_bench(workloads, peers, dtype=args.dtype, threads=args.threads, quick=args.quick))
+    rows = annotate(run_bench(workloads, peers, dtype=args.dtype, threads=args.threads, quick=args.quick,
+                              rounds=args.rounds))
     if args.json:
         atomic_write_text(args.json, "".join(json.dumps(r) + "\n" for r in rows))
     print(render(rows, dtype=args.dtype, threads=args.threads, quick=args.quick))

@@ -50,26 +50,23 @@ class StepRules:
         return StepRules(self.limits.index_select(0, rows), self.min_len, prefix, self.no_repeat_ngram)
 
     def apply(self, logp: torch.Tensor, t: int, history: torch.Tensor) -> torch.Tensor:
-        """logp (N, V) at output position t, history (N, t) -> constrained log-probs (a new tensor, or logp
-        itself when no rule touches step t)."""
-        bans = (t < self.min_len or bool(self.no_repeat_ngram and t + 1 >= self.no_repeat_ngram)
-                or (self.prefix is not None and t < self.prefix.size(1)))
-        at_limit = self.limits.le(t)  # (N,)
-        if not bans and not at_limit.any():
-            return logp
-        model_logp, logp = logp, logp.clone()
-        if t < self.min_len:
-            logp[:, EOS_ID] = float("-inf")
-        if self.no_repeat_ngram and t + 1 >= self.no_repeat_ngram:
-            self._ban_repeats(logp, history)
-        if self.prefix is not None and t < self.prefix.size(1):
+        """logp (N, V) at output position t, history (N, t) -> the constrained log-probs, written into logp
+        itself (the model's fresh output) and returned."""
+        forcing = self.prefix is not None and t < self.prefix.size(1)
+        repeats = bool(self.no_repeat_ngram and t + 1 >= self.no_repeat_ngram)
+        if forcing:  # the prefix wins even where another rule bans its token: read it before any ban
             forced = self.prefix[:, t]  # (N,)
             rows = forced.ne(PAD_ID).nonzero().squeeze(1)
-            kept = model_logp[rows, forced[rows]]  # the prefix wins even where it repeats an n-gram
+            kept = logp[rows, forced[rows]]
+        if t < self.min_len:
+            logp[:, EOS_ID] = float("-inf")
+        if repeats:
+            self._ban_repeats(logp, history)
+        if forcing:
             logp[rows] = float("-inf")
             logp[rows, forced[rows]] = kept
-        # a row whose every token is banned (e.g. no_repeat_ngram 1 after all tokens were used) must end here
-        if bans:
+        at_limit = self.limits.le(t)  # (N,)
+        if repeats:  # a row whose every token is banned (e.g. no_repeat_ngram 1 after all were used) ends here
             at_limit = at_limit | torch.isneginf(logp).all(dim=1)
         if at_limit.any():
             eos = logp[at_limit, EOS_ID]

@@ -77,15 +77,21 @@ def run_in_subprocess(toolkit: str, workloads: list[str], *, dtype: str = "float
     return results
 
 
-def jobs_for(cells: list[Cell], quick: bool) -> list[tuple[str, list[str]]]:
-    """(toolkit, workloads) per process: the matmul peak when training is measured, then one per measurement
-    (quick: one per toolkit, a smoke test, not a measurement)."""
+def jobs_for(cells: list[Cell], quick: bool, rounds: int = 1) -> list[tuple[str, list[str]]]:
+    """(toolkit, workloads) per process: the matmul peak when training is measured, then one per measurement,
+    `rounds` times, each round starting a workload with the next toolkit (quick: one process per toolkit, a
+    smoke test, not a measurement)."""
     runnable = [c for c in cells if not c.skip]
     jobs = [("machine", ["matmul-peak"])] if any(c.workload in TRAIN_WORKLOADS for c in cells) else []
-    if not quick:
-        return jobs + [(c.toolkit, [c.workload]) for c in runnable]
-    toolkits = dict.fromkeys(c.toolkit for c in runnable)
-    return jobs + [(tk, [c.workload for c in runnable if c.toolkit == tk]) for tk in toolkits]
+    if quick:
+        toolkits = dict.fromkeys(c.toolkit for c in runnable)
+        return jobs + [(tk, [c.workload for c in runnable if c.toolkit == tk]) for tk in toolkits]
+    for r in range(rounds):
+        for workload in dict.fromkeys(c.workload for c in runnable):
+            order = [c.toolkit for c in runnable if c.workload == workload]
+            shift = r % len(order)
+            jobs += [(tk, [workload]) for tk in order[shift:] + order[:shift]]
+    return jobs
 
 
 def progress_line(i: int, n: int, row: dict, seconds: float) -> str:
@@ -98,22 +104,35 @@ def progress_line(i: int, n: int, row: dict, seconds: float) -> str:
     return what + (row.get("skipped") or row.get("error", "no result"))
 
 
+def median_row(rows: list[dict]) -> dict:
+    """The round with the median tok/s (the lower middle one for an even count), with every round's figure
+    in `rounds`; an error row only when no round measured."""
+    ok = sorted((r for r in rows if "tok_s" in r), key=lambda r: r["tok_s"])
+    if not ok:
+        return rows[-1]
+    if len(rows) == 1:
+        return ok[0]
+    return {**ok[(len(ok) - 1) // 2], "rounds": [r.get("tok_s") for r in rows]}
+
+
 def run_bench(workloads: list[str], peers: list[str], *, dtype: str = "float32", threads: int = 2,
-              quick: bool = False, log: TextIO | None = None) -> list[dict]:
+              quick: bool = False, rounds: int = 1, log: TextIO | None = None) -> list[dict]:
     """Every planned row in plan order (the matmul peak first, when measured); skipped cells become rows
-    with a `skipped` note. A progress line per measurement goes to `log` (default: stderr)."""
+    with a `skipped` note; with several rounds, each row is its median round. A progress line per
+    measurement goes to `log` (default: stderr)."""
     log = log or sys.stderr
     cells, measured = plan(workloads, peers), {}
-    jobs = jobs_for(cells, quick)
-    total = sum(len(names) for _, names in jobs)
+    jobs = jobs_for(cells, quick, rounds)
+    total, done = sum(len(names) for _, names in jobs), 0
     for toolkit, names in jobs:
         start = time.perf_counter()
         for row in run_in_subprocess(toolkit, names, dtype=dtype, threads=threads, quick=quick):
-            measured[row["toolkit"], row["workload"]] = row
-            print(progress_line(len(measured), total, row, time.perf_counter() - start), file=log, flush=True)
-    peak = [measured[key] for key in [("machine", "matmul-peak")] if key in measured]
-    return peak + [measured.get((c.toolkit, c.workload)) or {"toolkit": c.toolkit, "workload": c.workload,
-                                                              "skipped": c.skip, "quick": quick} for c in cells]
+            measured.setdefault((row["toolkit"], row["workload"]), []).append(row)
+            done += 1
+            print(progress_line(done, total, row, time.perf_counter() - start), file=log, flush=True)
+    peak = [measured[key][0] for key in [("machine", "matmul-peak")] if key in measured]
+    return peak + [median_row(measured[c.toolkit, c.workload]) if (c.toolkit, c.workload) in measured else
+                   {"toolkit": c.toolkit, "workload": c.workload, "skipped": c.skip, "quick": quick} for c in cells]
 
 
 # --- derived figures -------------------------------------------------------------------------------
@@ -167,6 +186,8 @@ def rss_cell(r: dict) -> str:
 
 
 def status(r: dict) -> str:
+    if "rounds" in r:
+        return f"median of {len(r['rounds'])} rounds: " + " / ".join(fmt(x) for x in r["rounds"])
     return (r.get("skipped") or r.get("error", "")).replace("|", "/")[:160]
 
 
@@ -240,7 +261,8 @@ def model_notes(rows: list[dict]) -> list[str]:
 FOOTNOTES = [
     "- tok/s: MT train = target tokens/s, decoding = generated tokens/s (encoder included); LM train = tokens/s; "
     "LM eval = scored tokens/s (vanilla: windows timed, 1 / per-window time, extrapolated to the whole stream).",
-    "- vs fastest: ratio to the fastest toolkit on the same workload in this run (the machine is noisy).",
+    "- vs fastest: ratio to the fastest toolkit on the same workload in this run (the machine is noisy); with "
+    "--rounds N every measurement ran N times, the toolkits taking turns, and each row is its median round.",
     "- peak RSS: ru_maxrss of the measurement's own process (interpreter and libraries included).",
     "- GFLOP/s: FLOPs of one training step counted by torch.utils.flop_counter.FlopCounterMode over forward + loss + "
     "backward (matrix products and attention, full score matrices even where causal; the Adam update is not "

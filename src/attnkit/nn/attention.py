@@ -22,17 +22,57 @@ from attnkit.nn.masks import causal_mask
 
 
 @dataclass
-class KVCache:
-    """Keys and values seen so far by one attention layer: (B, H, S, Dh) each."""
+class _Room:
+    """Key/value buffers (B, H, capacity, Dh) of which the first `used` positions are filled."""
 
     k: torch.Tensor
     v: torch.Tensor
+    used: int
+
+
+@dataclass
+class KVCache:
+    """Keys and values seen so far by one attention layer: (B, H, S, Dh) each.
+
+    Incremental decoding grows the cache one position per step. Rather than concatenating (a copy of the
+    whole cache per step and layer), `append` writes into spare room of a buffer that grows when full;
+    `k` and `v` are views of its filled part. A cache stays valid after it is appended to: only the newest
+    cache grown from a buffer writes into it, any other append (a branch) copies first.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    room: _Room | None = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
-        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+        n, t = self.k.size(2), k.size(2)
+        room = self.room
+        if room is None or room.used != n or n + t > room.k.size(2):  # a first append gets 32 spare positions
+            room = self._move(self.k, self.v, n + t + 32 if room is None else 2 * (n + t))
+        room.k[:, :, n : n + t] = k
+        room.v[:, :, n : n + t] = v
+        room.used = n + t
+        return KVCache(room.k[:, :, : n + t], room.v[:, :, : n + t], room)
 
     def reorder(self, indices: torch.Tensor) -> KVCache:
-        return KVCache(self.k.index_select(0, indices), self.v.index_select(0, indices))
+        if self.room is None or (torch.is_grad_enabled() and (self.k.requires_grad or self.v.requires_grad)):
+            return KVCache(self.k.index_select(0, indices), self.v.index_select(0, indices))
+        # New buffers of the same capacity; only the filled positions are copied (memory traffic is the cost).
+        b, h, n, dh = len(indices), self.k.size(1), self.k.size(2), self.k.size(3)
+        capacity = self.room.k.size(2)
+        room = _Room(self.k.new_empty(b, h, capacity, dh), self.v.new_empty(b, h, capacity, dh), n)
+        torch.index_select(self.k, 0, indices, out=room.k[:, :, :n])
+        torch.index_select(self.v, 0, indices, out=room.v[:, :, :n])
+        return KVCache(room.k[:, :, :n], room.v[:, :, :n], room)
+
+    @staticmethod
+    def _move(k: torch.Tensor, v: torch.Tensor, capacity: int) -> _Room:
+        """New buffers of `capacity` positions holding k and v (B, H, n, Dh) at the front."""
+        b, h, n, dh = k.shape
+        room = _Room(k.new_empty(b, h, capacity, dh), v.new_empty(b, h, capacity, dh), n)
+        room.k[:, :, :n] = k
+        room.v[:, :, :n] = v
+        return room
 
 
 def scaled_dot_product(
@@ -104,8 +144,10 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, H, T, Dh) queries over (B, H, S, Dh) keys -> ((B, T, D), weights (B, H, T, S) or None)."""
-        if need_weights:
-            return self.weigh(self.scores(q, k), v, mask=mask, causal=causal)
+        if need_weights or (self.training and self.dropout > 0 and q.device.type == "cpu"):
+            # On CPU, SDPA draws attention dropout with bernoulli_ on its math path; `weigh` uses `drop`.
+            out, weights = self.weigh(self.scores(q, k), v, mask=mask, causal=causal)
+            return out, (weights if need_weights else None)
         if causal and (mask is not None or q.size(2) != k.size(2)):
             # SDPA's is_causal aligns top-left; with a prefix of keys or a padding mask, spell it out.
             keep = causal_mask(q.size(2), k.size(2), q.device)

@@ -28,11 +28,10 @@ class FeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, T, F) -> (B, T, D). Dropout's 1 / (1 - p) rides on W2's product (addmm's alpha)
-        rather than costing a pass over the 4x wider hidden layer."""
+        """(B, T, D) -> (B, T, F) -> (B, T, D). Dropout's 1 / (1 - p) rides on W2 (a D x F product in
+        both directions) rather than costing passes over the 4x wider hidden layer."""
         kept, scale = drop(self.act(self.w1(x)), self.dropout.p, self.training)  # (B, T, F)
-        out = torch.addmm(self.w2.bias, kept.flatten(0, -2), self.w2.weight.t(), alpha=scale)  # (B*T, D)
-        return out.view(*x.shape[:-1], out.size(-1))
+        return F.linear(kept, self.w2.weight if scale == 1.0 else self.w2.weight * scale, self.w2.bias)
 
 
 class Residual(nn.Module):
@@ -46,8 +45,13 @@ class Residual(nn.Module):
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if self.norm_first:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
+            return self._add(x, fn(self.norm(x)))
+        return self.norm(self._add(x, fn(x)))
+
+    def _add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x + dropout(y), the 1 / (1 - p) applied by the addition itself (alpha)."""
+        kept, scale = drop(y, self.dropout.p, self.training)
+        return torch.add(x, kept, alpha=scale)
 
 
 class EncoderLayer(nn.Module):
