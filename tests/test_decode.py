@@ -43,6 +43,9 @@ class ChainState:
     def reorder(self, rows: torch.Tensor, *, within_sentences: bool = False) -> ChainState:
         return self
 
+    def expand(self, beams: int) -> ChainState:
+        return self
+
 
 class ChainModel:
     """encode / init_state / step like a seq2seq model, with probabilities from TABLE."""
@@ -123,6 +126,9 @@ class UncachedState:
     def reorder(self, rows, *, within_sentences=False):  # the source side is reordered anyway: always right
         enc = type(self.enc)(self.enc.memory.index_select(0, rows), self.enc.pad_mask.index_select(0, rows))
         return UncachedState(enc, self.tokens.index_select(0, rows))
+
+    def expand(self, beams):
+        return self.reorder(torch.arange(self.tokens.size(0)).repeat_interleave(beams))
 
 
 class Uncached:

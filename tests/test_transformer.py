@@ -65,6 +65,27 @@ def test_cached_incremental_decoding_equals_full_recomputation(norm_first):
     torch.testing.assert_close(b, a[perm])
 
 
+def test_beams_attend_to_one_copy_of_their_source_like_to_their_own_copies():
+    """state.expand(K) keeps one source per sentence and attends with its K rows as one query block."""
+    m, k = model(), 3
+    src = torch.cat([ids(2, 7), torch.cat([ids(1, 4, 5), torch.full((1, 3), PAD_ID)], 1)])
+    enc = m.encode(src)
+    grouped = m.init_state(enc).expand(k)
+    copied = m.init_state(enc).reorder(torch.arange(3).repeat_interleave(k))
+    assert grouped.memory_kv[0].k.size(0) == 3 and copied.memory_kv[0].k.size(0) == 9
+    tokens = ids(9, 4, 2)
+    for t in range(tokens.size(1)):
+        a, grouped, wa = m.step(tokens[:, t], grouped, need_weights=True)
+        b, copied, wb = m.step(tokens[:, t], copied, need_weights=True)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        for x, y in zip(wa, wb):  # cross-attention weights (9, H, S), row by row
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
+    keep = torch.tensor([6, 8, 7, 0, 0, 1])  # sentences 2 and 0 survive, their beams shuffled
+    a, _, _ = m.step(tokens[keep, 0], grouped.reorder(keep))
+    b, _, _ = m.step(tokens[keep, 0], copied.reorder(keep))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_tied_embeddings_are_one_tensor():
     m = model()
     assert m.src_embed.weight is m.tgt_embed.weight

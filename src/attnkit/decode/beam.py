@@ -1,8 +1,9 @@
 """Batched beam search over the models' encode / step interface, with the key/value cache.
 
 B sentences, K beams, A = active sentences, N = A * K rows, V vocabulary, t output position.
-The decoder state is reordered with `state.reorder(rows)`, so any seq2seq model family works; while
-the rows only trade places within their sentence's block, the source side is kept (`within_sentences`).
+The decoder state is expanded to K rows per sentence with `state.expand(K)` and reordered with
+`state.reorder(rows)`, so any seq2seq model family works; while the rows only trade places within their
+sentence's block, the source side is kept (`within_sentences`), and rows always move in whole blocks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
     """
     b, k, device = src.size(0), beam, src.device
     expand = torch.arange(b, device=device).repeat_interleave(k)  # (B*K,) sentence of each row
-    state = model.init_state(model.encode(src)).reorder(expand)
+    state = model.init_state(model.encode(src)).expand(k)
     rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram).reorder(expand)
     steps = int(rules.limits.max()) + 1
     beam_scores = torch.full((b, k), float("-inf"), device=device)

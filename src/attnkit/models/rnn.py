@@ -67,6 +67,10 @@ class RNNState:
     feed: torch.Tensor | None = None  # (B, H) Luong's input feeding: h~_{t-1}
     length: int = 0  # target positions already fed
 
+    def expand(self, beams: int) -> RNNState:
+        """Each sentence's row becomes `beams` consecutive rows (the start of beam search)."""
+        return self.reorder(torch.arange(self.memory.size(0), device=self.memory.device).repeat_interleave(beams))
+
     def reorder(self, indices: torch.Tensor, *, within_sentences: bool = False) -> RNNState:
         """Select/reorder batch rows (beam search, dropping finished sentences). `within_sentences`: every
         row keeps its source sentence (beams of one sentence trade places), so the source side stays."""

@@ -30,21 +30,39 @@ class Encoded:
 
 @dataclass
 class DecoderState:
-    """Everything incremental decoding carries from one step to the next."""
+    """Everything incremental decoding carries from one step to the next.
+
+    With `beams` > 1 (beam search, see `expand`) rows come in blocks of `beams` consecutive rows per
+    source sentence, and the source side is kept once per sentence: the beams of a sentence attend to
+    it together as one block of queries, rather than reading beams copies of its keys and values.
+    """
 
     memory_kv: list[KVCache]  # per layer: cross-attention keys/values of the source, computed once
-    memory_mask: torch.Tensor  # (B, 1, 1, S) True = real source token
+    memory_mask: torch.Tensor | None  # (B, 1, 1, S) True = real source token; None: no padding anywhere
     self_kv: list[KVCache | None]  # per layer: decoder self-attention keys/values so far
     length: int = 0  # target positions already fed
+    beams: int = 1  # rows per source sentence
+
+    def expand(self, beams: int) -> DecoderState:
+        """Each sentence's row becomes `beams` consecutive rows (the start of beam search)."""
+        source = self.memory_kv[0].k  # (B, H, S, Dh): B sentences, B * self.beams rows
+        rows = torch.arange(source.size(0) * self.beams, device=source.device).repeat_interleave(beams)
+        return DecoderState(self.memory_kv, self.memory_mask,
+                            [None if kv is None else kv.reorder(rows) for kv in self.self_kv],
+                            self.length, self.beams * beams)
 
     def reorder(self, indices: torch.Tensor, *, within_sentences: bool = False) -> DecoderState:
         """Select/reorder batch rows (beam search, dropping finished sentences). `within_sentences`: every
-        row keeps its source sentence (beams of one sentence trade places), so the source side stays."""
+        row keeps its source sentence (beams of one sentence trade places), so the source side stays.
+        With beams > 1, `indices` must come in whole blocks: `beams` rows of one sentence each."""
+        sentences = indices if self.beams == 1 else indices[:: self.beams] // self.beams
         return DecoderState(
-            memory_kv=self.memory_kv if within_sentences else [kv.reorder(indices) for kv in self.memory_kv],
-            memory_mask=self.memory_mask if within_sentences else self.memory_mask.index_select(0, indices),
+            memory_kv=self.memory_kv if within_sentences else [kv.reorder(sentences) for kv in self.memory_kv],
+            memory_mask=(self.memory_mask if within_sentences or self.memory_mask is None
+                         else self.memory_mask.index_select(0, sentences)),
             self_kv=[None if kv is None else kv.reorder(indices) for kv in self.self_kv],
             length=self.length,
+            beams=self.beams,
         )
 
 
@@ -130,7 +148,7 @@ class Transformer(nn.Module):
     def init_state(self, enc: Encoded) -> DecoderState:
         return DecoderState(
             memory_kv=[layer.cross_attn.project_kv(enc.memory) for layer in self.decoder],
-            memory_mask=key_padding_to_attn_mask(enc.pad_mask),
+            memory_mask=key_padding_to_attn_mask(enc.pad_mask) if enc.pad_mask.any() else None,  # faster unmasked
             self_kv=[None] * len(self.decoder),
         )
 
@@ -142,14 +160,14 @@ class Transformer(nn.Module):
         new_kv, cross = [], []
         for layer, mem_kv, self_kv in zip(self.decoder, state.memory_kv, state.self_kv):
             if self_kv is None:  # first step: an empty cache of the right shape
-                b, h, _, dh = mem_kv.k.shape
-                empty = mem_kv.k.new_zeros(b, h, 0, dh)
+                _, h, _, dh = mem_kv.k.shape
+                empty = mem_kv.k.new_zeros(tokens.size(0), h, 0, dh)
                 self_kv = KVCache(empty, empty)
             y, w, self_kv = layer(y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
-                                  need_weights=need_weights)
+                                  need_weights=need_weights, beams=state.beams)
             new_kv.append(self_kv)
             if need_weights:
                 cross.append(w["cross"][:, :, 0])
         logits = self.project(self.decoder_norm(y))[:, 0]  # (B, V)
-        state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1)
+        state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1, state.beams)
         return logits.float().log_softmax(dim=-1), state, (cross if need_weights else None)

@@ -96,11 +96,13 @@ class DecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        beams: int = 1,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None], KVCache | None]:
         """y (B, T, D) over memory (B, S, D) -> (B, T, D), {"self", "cross"} weights, grown cache.
 
         Without a cache the self-attention is causal over T; with one, y holds only the new
-        position(s) and attends to everything cached before them.
+        position(s) and attends to everything cached before them. With beams > 1 the memory and its mask
+        hold B / beams sentences, each attended by `beams` consecutive rows of y.
         """
         weights: dict[str, torch.Tensor | None] = {}
 
@@ -111,8 +113,11 @@ class DecoderLayer(nn.Module):
             return out
 
         def cross_attend(h: torch.Tensor) -> torch.Tensor:
-            out, weights["cross"], _ = self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
-            return out
+            b, t, d = h.shape  # a sentence's beams are one block of beams * T queries: (B / beams, beams * T, D)
+            out, w, _ = self.cross_attn(h.reshape(b // beams, beams * t, d), memory, mask=memory_mask,
+                                        need_weights=need_weights)
+            weights["cross"] = None if w is None else w.unflatten(2, (beams, t)).transpose(1, 2).flatten(0, 1)
+            return out.reshape(b, t, d)
 
         y = self.self_block(y, self_attend)
         y = self.cross_block(y, cross_attend)
