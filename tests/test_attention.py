@@ -160,28 +160,31 @@ def test_kv_cache_grows_in_place_and_equals_concatenation():
     steps = [torch.randn(2, 3, 1, 4) for _ in range(40)]  # past the first buffer's 33 positions
     cache, kept = KVCache(torch.empty(2, 3, 0, 4), torch.empty(2, 3, 0, 4)), []
     for i, step in enumerate(steps):
-        cache = cache.append(step, -step)
+        cache = cache.append(step, -step, spare=32)
         kept.append(cache)
         expected = torch.cat(steps[: i + 1], dim=2)
         torch.testing.assert_close(cache.k, expected)
         torch.testing.assert_close(cache.v, -expected)
     assert kept[5].k.data_ptr() == kept[20].k.data_ptr()  # one buffer, no copy per step
     torch.testing.assert_close(kept[9].k, torch.cat(steps[:10], dim=2))  # older caches stay valid
+    plain = KVCache(steps[0], steps[0]).append(steps[1], steps[1])  # no spare room: contiguous concatenation
+    assert plain.room is None and plain.k.is_contiguous()
+    torch.testing.assert_close(plain.k, torch.cat(steps[:2], dim=2))
 
 
 def test_kv_cache_branches_and_reorders_without_overwriting():
     torch.manual_seed(1)
     base = KVCache(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)).append(torch.randn(3, 2, 1, 4),
-                                                                            torch.randn(3, 2, 1, 4))
+                                                                            torch.randn(3, 2, 1, 4), spare=8)
     snapshot = base.k.clone()
     a, b = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
-    left, right = base.append(a, a), base.append(b, b)  # two branches from one cache
+    left, right = base.append(a, a, spare=8), base.append(b, b, spare=8)  # two branches from one cache
     torch.testing.assert_close(left.k[:, :, -1:], a)
     torch.testing.assert_close(right.k[:, :, -1:], b)
     torch.testing.assert_close(base.k, snapshot)
     rows = torch.tensor([2, 0, 0])
     moved = left.reorder(rows)
     torch.testing.assert_close(moved.k, left.k[rows])
-    grown = moved.append(b[:3], b[:3])
+    grown = moved.append(b[:3], b[:3], spare=8)
     torch.testing.assert_close(grown.k, torch.cat([left.k[rows], b[:3]], dim=2))
     torch.testing.assert_close(left.k[:, :, -1:], a)  # the reordered copy did not write into left's buffer

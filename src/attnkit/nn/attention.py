@@ -35,20 +35,24 @@ class KVCache:
     """Keys and values seen so far by one attention layer: (B, H, S, Dh) each.
 
     Incremental decoding grows the cache one position per step. Rather than concatenating (a copy of the
-    whole cache per step and layer), `append` writes into spare room of a buffer that grows when full;
-    `k` and `v` are views of its filled part. A cache stays valid after it is appended to: only the newest
-    cache grown from a buffer writes into it, any other append (a branch) copies first.
+    whole cache per step and layer), `append(..., spare=n)` writes into spare room of a buffer that grows
+    when full; `k` and `v` are then views of its filled part. A cache stays valid after it is appended to:
+    only the newest cache grown from a buffer writes into it, any other append (a branch) copies first.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     room: _Room | None = None
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
+    def append(self, k: torch.Tensor, v: torch.Tensor, *, spare: int = 0) -> KVCache:
+        """The cache with (B, H, t, Dh) more keys and values. `spare`: when a new buffer must be made, room
+        for at least this many later positions (0: plain concatenation, contiguous keys and values)."""
         n, t = self.k.size(2), k.size(2)
         room = self.room
-        if room is None or room.used != n or n + t > room.k.size(2):  # a first append gets 32 spare positions
-            room = self._move(self.k, self.v, n + t + 32 if room is None else 2 * (n + t))
+        if room is None or room.used != n or n + t > room.k.size(2):
+            if spare == 0:
+                return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+            room = self._move(self.k, self.v, n + t + max(spare, n + t if room is not None else 0))
         room.k[:, :, n : n + t] = k
         room.v[:, :, n : n + t] = v
         room.used = n + t
@@ -190,7 +194,7 @@ class MultiHeadAttention(nn.Module):
         if memory is None:
             q, k, v = self.project_qkv(x)
             if cache is not None:
-                cache = cache.append(k, v)
+                cache = cache.append(k, v, spare=32)  # decoding: the next steps write in place
                 k, v = cache.k, cache.v
         else:
             q = self.project_q(x)
