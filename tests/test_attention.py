@@ -188,3 +188,19 @@ def test_kv_cache_branches_and_reorders_without_overwriting():
     grown = moved.append(b[:3], b[:3], spare=8)
     torch.testing.assert_close(grown.k, torch.cat([left.k[rows], b[:3]], dim=2))
     torch.testing.assert_close(left.k[:, :, -1:], a)  # the reordered copy did not write into left's buffer
+
+
+def test_sdpa_and_explicit_paths_agree_on_long_inputs():
+    """T * S above the explicit path's limit: the output comes from SDPA unless weights are asked for."""
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(16, 4).eval()
+    x, mem = torch.randn(2, 70, 16), torch.randn(2, 90, 16)
+    pad = torch.zeros(2, 90, dtype=torch.bool)
+    pad[0, 80:] = True
+    fused, none, _ = mha(x, mem, mask=key_padding_to_attn_mask(pad))
+    explicit, weights, _ = mha(x, mem, mask=key_padding_to_attn_mask(pad), need_weights=True)
+    assert none is None and weights.shape == (2, 4, 70, 90)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    causal, _, _ = mha(x, causal=True)
+    torch.testing.assert_close(causal, explicit_mha(mha, x, x, causal_mask(70)[None].expand(2, 70, 70)),
+                               atol=1e-5, rtol=1e-5)

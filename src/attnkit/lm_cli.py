@@ -111,9 +111,10 @@ def cmd_eval(args, overrides: list[str]) -> None:
     from attnkit.data.lm import load_lm_corpus
     from attnkit.errors import AttnkitError
     from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window, load_lm_checkpoint
-    from attnkit.runtime import resolve_device
+    from attnkit.runtime import configure_backends, resolve_device
 
     device = resolve_device(args.device)
+    configure_backends(device)
     model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
     corpus = load_lm_corpus(args.data)
     if corpus.vocab.to_json() != vocab.to_json():
@@ -140,9 +141,10 @@ def cmd_generate(args, overrides: list[str]) -> None:
 
     from attnkit.eval.lm import load_lm_checkpoint
     from attnkit.models.transformer_xl import generate
-    from attnkit.runtime import resolve_device
+    from attnkit.runtime import configure_backends, resolve_device
 
     device = resolve_device(args.device)
+    configure_backends(device)
     model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
     ids = vocab.encode([args.prompt])
     prompt = torch.as_tensor(ids[:-1] if len(ids) > 1 else ids, dtype=torch.long, device=device)[None]  # (1, P)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import os
 import random
 
 import numpy as np
@@ -38,6 +41,32 @@ def configure_backends(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+: free speed, ample precision
         torch.backends.cudnn.allow_tf32 = True
+    keep_freed_memory()
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for reuse rather than hand it back to the kernel.
+
+    glibc serves large blocks with fresh mmap'd pages and trims its heap once much of it is free, so a
+    loop that allocates a few MB per step (decoding: logits, reordered key/value caches) pays a page fault
+    and the zeroing of every 4 KiB page, every step. Beam search on the standard MT workload took about
+    38,000 minor faults per run (150 MB); with blocks up to 32 MB taken from the heap and up to 1 GB of free
+    heap kept, none, and the run went from 282 to 237 ms. jemalloc or tcmalloc (LD_PRELOAD) do the same.
+    Process-wide; ATTNKIT_SYSTEM_MALLOC=1 leaves the allocator alone. Returns whether the setting was made.
+    """
+    if os.environ.get("ATTNKIT_SYSTEM_MALLOC", "") not in ("", "0"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)  # the process's own C library
+    except OSError:
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # not glibc (musl, macOS, Windows)
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 def seed_everything(seed: int) -> None:

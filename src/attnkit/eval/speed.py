@@ -241,7 +241,9 @@ class Toolkit:
 def attnkit_mt_build(s: MTShape) -> nn.Module:
     from attnkit.config import TransformerConfig
     from attnkit.models import Transformer
+    from attnkit.runtime import configure_backends
 
+    configure_backends(torch.device("cpu"))  # as attnkit's trainers and Translator do
     return Transformer(TransformerConfig(src_vocab_size=s.vocab, tgt_vocab_size=s.vocab, d_model=s.d_model,
                                          n_heads=s.heads, d_ff=s.ffn, n_encoder_layers=s.layers,
                                          n_decoder_layers=s.layers, dropout=s.dropout, attention_dropout=s.dropout,
@@ -261,7 +263,9 @@ def attnkit_lm_build(kind: str) -> Callable[[LMShape], nn.Module]:
     def build(s: LMShape) -> nn.Module:
         from attnkit.config import TransformerXLConfig
         from attnkit.models import build_model
+        from attnkit.runtime import configure_backends
 
+        configure_backends(torch.device("cpu"))
         cfg = TransformerXLConfig(kind=kind, vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, d_ff=s.ffn,
                                   n_layers=s.layers, dropout=s.dropout, attention_dropout=s.dropout,
                                   max_positions=max(1024, s.context))

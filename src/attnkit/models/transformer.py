@@ -12,11 +12,19 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnkit.config import TransformerConfig
-from attnkit.nn import DecoderLayer, Dropout, EncoderLayer, KVCache, SinusoidalPositions, key_padding_to_attn_mask
+from attnkit.nn import (
+    DecoderLayer,
+    Dropout,
+    EncoderLayer,
+    KVCache,
+    Linear,
+    SinusoidalPositions,
+    key_padding_to_attn_mask,
+    linear,
+)
 
 
 @dataclass
@@ -87,7 +95,7 @@ class Transformer(nn.Module):
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
         self.encoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
-        self.out_proj = None if c.tie_output else nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.out_proj = None if c.tie_output else Linear(c.d_model, c.tgt_vocab_size, bias=False)
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> Transformer:
@@ -109,7 +117,7 @@ class Transformer(nn.Module):
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, D) -> vocabulary logits (B, T, V); tied to the target embedding."""
-        return F.linear(h, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(h)
+        return linear(h, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(h)
 
     # --- the seq2seq interface -------------------------------------------------------------
     def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Encoded:

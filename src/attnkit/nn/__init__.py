@@ -4,6 +4,7 @@ from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product
 from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
+from attnkit.nn.linear import Linear, linear
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
 
@@ -15,11 +16,13 @@ __all__ = [
     "EncoderLayer",
     "FeedForward",
     "KVCache",
+    "Linear",
     "MultiHeadAttention",
     "SinusoidalPositions",
     "causal_mask",
     "dropout",
     "key_padding_to_attn_mask",
+    "linear",
     "scaled_dot_product",
     "sinusoid_table",
 ]

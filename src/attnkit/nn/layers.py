@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
 from attnkit.nn.dropout import Dropout, drop
+from attnkit.nn.linear import Linear, linear
 
 
 class FeedForward(nn.Module):
@@ -20,8 +20,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
-        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.act = F.relu if activation == "relu" else F.gelu
+        self.w1, self.w2 = Linear(d_model, d_ff), Linear(d_ff, d_model)
+        self.activation = activation
         self.dropout = Dropout(dropout)
         for lin in (self.w1, self.w2):
             nn.init.xavier_uniform_(lin.weight)
@@ -30,8 +30,9 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, F) -> (B, T, D). Dropout's 1 / (1 - p) rides on W2 (a D x F product in
         both directions) rather than costing passes over the 4x wider hidden layer."""
-        kept, scale = drop(self.act(self.w1(x)), self.dropout.p, self.training)  # (B, T, F)
-        return F.linear(kept, self.w2.weight if scale == 1.0 else self.w2.weight * scale, self.w2.bias)
+        hidden = linear(x, self.w1.weight, self.w1.bias, activation=self.activation)  # (B, T, F)
+        kept, scale = drop(hidden, self.dropout.p, self.training)
+        return linear(kept, self.w2.weight if scale == 1.0 else self.w2.weight * scale, self.w2.bias)
 
 
 class Residual(nn.Module):

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
+from attnkit.nn.linear import Linear
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__(d_model, n_heads, dropout, bias=False)  # the XL reference has no projection biases
-        self.pos_proj = nn.Linear(d_model, d_model, bias=False)  # W_{k,R}
+        self.pos_proj = Linear(d_model, d_model, bias=False)  # W_{k,R}
         self.r_w_bias = nn.Parameter(torch.empty(n_heads, self.head_dim))  # u
         self.r_r_bias = nn.Parameter(torch.empty(n_heads, self.head_dim))  # v
         nn.init.xavier_uniform_(self.pos_proj.weight)

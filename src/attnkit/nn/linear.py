@@ -1,0 +1,90 @@
+"""Linear maps that keep a prepacked copy of their weights for CPU inference.
+
+A decoder step multiplies few rows by many weights: (64, 256) @ (256, 8000) for the output projection.
+Called through `F.linear`, the BLAS library repacks the weight matrix into its blocked layout on every
+call, which costs about as much as the product itself at such shapes. oneDNN can keep the weight in that
+layout ("prepacking", what inductor's freezing pass does for CPU inference): measured on 2 threads, one
+MT decoder step's 19 products took 3.4 ms instead of 6.5 ms, and the encoder's (1536, 256) products are
+10-15% faster too.
+
+`linear` takes the prepacked path whenever it is safe, i.e. on CPU, with no gradient being recorded, no
+autocast, float32 (or bfloat16 where oneDNN supports it) and a weight that is a Parameter. The packed copy is
+cached per Parameter (and row range) and rebuilt when the weight changes: an optimiser step or
+`load_state_dict` bumps its version counter, `.to()` gives it new storage. Training and CUDA use
+`F.linear` unchanged. Results agree with `F.linear` to float32 rounding (the summation order differs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+_ROWS_HINT = 64  # the batch size oneDNN picks its layout for; measured as good from 5 to 1536 rows
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Parameter -> {rows: (version, data_ptr, packed)}
+
+
+def _dtypes() -> tuple[torch.dtype, ...]:
+    if not torch.backends.mkldnn.is_available():
+        return ()
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
+_PACKABLE = _dtypes()
+
+
+def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear(x, weight)` takes the prepacked path."""
+    return (
+        x.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and isinstance(weight, nn.Parameter)
+        and x.dtype == weight.dtype
+        and x.dtype in _PACKABLE
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _packed(weight: nn.Parameter, rows: tuple[int, int] | None) -> torch.Tensor:
+    """oneDNN's blocked copy of weight[rows] (N, K), made once per version of the weight."""
+    per_rows = _PACKED.setdefault(weight, {})
+    stamp = (weight._version, weight.data_ptr())
+    hit = per_rows.get(rows)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    w = weight if rows is None else weight[rows[0] : rows[1]]
+    with torch.inference_mode(False):  # a normal tensor, usable after an inference_mode block ends
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), _ROWS_HINT)
+    per_rows[rows] = (stamp, packed)
+    return packed
+
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    rows: tuple[int, int] | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """act(F.linear(x, weight[a:b], bias[a:b])) for rows=(a, b) (all rows for None): (..., K) -> (..., N).
+
+    `activation` ("relu", "gelu" or None) is fused into the product on the prepacked path.
+    """
+    if rows is not None and bias is not None:
+        bias = bias[rows[0] : rows[1]]
+    if not packable(x, weight):
+        y = F.linear(x, weight if rows is None else weight[rows[0] : rows[1]], bias)
+        return y if activation is None else _ACTIVATIONS[activation](y)
+    fused = ("none", "") if activation is None else (activation, "none" if activation == "gelu" else "")
+    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight, rows), bias, fused[0], [], fused[1])
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) whose inference on CPU uses the prepacked weight."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

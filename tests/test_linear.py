@@ -1,0 +1,89 @@
+"""Prepacked linear maps (attnkit.nn.linear) against F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit.nn import FeedForward, Linear, linear
+from attnkit.nn.linear import packable
+
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built in")
+ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("rows", [None, (3, 11)])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("shape", [(5, 16), (2, 7, 16), (0, 16)])
+def test_packed_linear_equals_f_linear(rows, activation, shape):
+    torch.manual_seed(0)
+    lin = Linear(16, 24)
+    x = torch.randn(shape)
+    w, b = (lin.weight, lin.bias) if rows is None else (lin.weight[rows[0] : rows[1]], lin.bias[rows[0] : rows[1]])
+    with torch.no_grad():
+        assert packable(x, lin.weight)
+        out = linear(x, lin.weight, lin.bias, rows=rows, activation=activation)
+        ref = ACTIVATIONS[activation](F.linear(x, w, b))
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_mkldnn
+def test_packed_weights_follow_every_change_of_the_weight():
+    torch.manual_seed(1)
+    lin, x = Linear(8, 6), torch.randn(4, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+    with torch.no_grad():
+        before = lin(x)
+    lin(x).square().sum().backward()
+    opt.step()  # in place: the version counter moves
+    with torch.no_grad():
+        after = lin(x)
+        assert not torch.allclose(before, after)
+        torch.testing.assert_close(after, F.linear(x, lin.weight, lin.bias))
+        lin.load_state_dict({"weight": torch.ones(6, 8), "bias": torch.zeros(6)})
+        torch.testing.assert_close(lin(x), x.sum(1, keepdim=True).expand(4, 6))
+        lin.weight.data = torch.full((6, 8), 2.0)  # new storage
+        torch.testing.assert_close(lin(x), 2 * x.sum(1, keepdim=True).expand(4, 6))
+
+
+def test_linear_records_gradients_and_leaves_autocast_alone():
+    torch.manual_seed(2)
+    lin, x = Linear(8, 6), torch.randn(4, 8, requires_grad=True)
+    assert not packable(x, lin.weight)  # gradients on: F.linear
+    linear(x, lin.weight, lin.bias, activation="relu").sum().backward()
+    ref_x = x.detach().clone().requires_grad_()
+    F.relu(F.linear(ref_x, lin.weight, lin.bias)).sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not packable(x, lin.weight)
+        assert lin(x).dtype == torch.bfloat16  # autocast's cast, not the packed float32 product
+    with torch.no_grad():
+        assert not packable(x.double(), lin.weight)  # dtypes differ: F.linear raises as usual
+        assert not packable(x, lin.weight * 1.0)  # not a Parameter: nothing to cache
+
+
+def test_feed_forward_is_the_same_function_in_training_and_inference():
+    torch.manual_seed(3)
+    ffn, x = FeedForward(8, 32, activation="gelu").eval(), torch.randn(2, 3, 8)
+    with torch.no_grad():
+        inference = ffn(x)
+    torch.testing.assert_close(ffn(x), inference, atol=1e-5, rtol=1e-5)
+    ref = F.linear(F.gelu(F.linear(x, ffn.w1.weight, ffn.w1.bias)), ffn.w2.weight, ffn.w2.bias)
+    torch.testing.assert_close(inference, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                    reason="no bfloat16 oneDNN kernels on this CPU")
+def test_packed_linear_in_bfloat16():
+    torch.manual_seed(4)
+    lin = Linear(32, 16).to(torch.bfloat16)
+    x = torch.randn(6, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert packable(x, lin.weight)
+        out = lin(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.linear(x.float(), lin.weight.float(), lin.bias.float()),
+                               atol=0.05, rtol=0.02)
