@@ -214,3 +214,35 @@ def test_beam_attention_has_one_row_per_output_token():
     for h in hyps:
         assert h[0].attention.shape == (len(h[0].tokens) + 1, 2, 7)
         torch.testing.assert_close(h[0].attention.sum(-1), torch.ones(len(h[0].tokens) + 1, 2))
+
+
+def naive_beam(m: Transformer, src: torch.Tensor, k: int, n: int) -> list[tuple[list[int], float]]:
+    """Textbook beam search for one sentence, exactly n tokens then EOS, by full recomputation: every beam
+    is extended by every allowed token and the k best of all candidates are kept."""
+    beams: list[tuple[list[int], float]] = [([], 0.0)]
+    enc = m.encode(src[None])
+    for t in range(n + 1):
+        candidates = []
+        for tokens, score in beams:
+            logits, _ = m.decode(torch.tensor([[BOS_ID, *tokens]]), enc)
+            logp = logits[0, -1].log_softmax(-1).tolist()
+            allowed = [EOS_ID] if t == n else [v for v in range(len(logp)) if v != EOS_ID]
+            candidates += [([*tokens, v], score + logp[v]) for v in allowed]
+        beams = sorted(candidates, key=lambda c: -c[1])[:k]
+    return [(tokens[:-1], score) for tokens, score in beams]  # EOS scored, not returned
+
+
+@pytest.mark.parametrize(("vocab", "k"), [(40, 3), (6, 4), (4, 5)])  # V >= 2K, K <= V < 2K, V < K
+def test_beam_search_equals_a_textbook_beam_search(vocab, k):
+    """The batched search (one row per sentence at the first step, each beam's 2K best ranked before the
+    sentence's) finds exactly the textbook search's hypotheses and scores."""
+    torch.manual_seed(vocab)
+    m = Transformer(tiny_model_config(src_vocab_size=vocab, tgt_vocab_size=vocab)).eval()
+    src = torch.randint(3, vocab, (3, 5), generator=torch.Generator().manual_seed(k))
+    found = beam_search(m, src, beam=k, nbest=k, len_penalty=0.0, max_len_a=0, max_len_b=4, min_len=4)
+    with torch.no_grad():
+        for hyps, row in zip(found, src):
+            ref = naive_beam(m, row, k, 4)
+            live = [r for r in ref if r[1] > float("-inf")]
+            assert [h.tokens for h in hyps] == [tokens for tokens, _ in live]
+            assert [h.score for h in hyps] == pytest.approx([score for _, score in live], abs=1e-4)

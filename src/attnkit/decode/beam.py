@@ -30,42 +30,47 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
     len_penalty 0 (raw log-probability, greedy's objective) beam 1 is exactly greedy search.
     """
     b, k, device = src.size(0), beam, src.device
-    expand = torch.arange(b, device=device).repeat_interleave(k)  # (B*K,) sentence of each row
-    state = model.init_state(model.encode(src)).expand(k)
-    rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram).reorder(expand)
+    # The K beams of a sentence would start identical: the first step runs one row per sentence (kk = 1
+    # row each), and its K best continuations become the K beams (`expand`).
+    state = model.init_state(model.encode(src))
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram)
     steps = int(rules.limits.max()) + 1
-    beam_scores = torch.full((b, k), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    history = torch.empty(b * k, 0, dtype=torch.long, device=device)  # (N, t)
+    beam_scores = torch.zeros(b, 1, device=device)  # (A, kk)
+    history = torch.empty(b, 0, dtype=torch.long, device=device)  # (N, t), N = A * kk
     attn_hist: torch.Tensor | None = None  # (N, t, H, S)
     sentences = torch.arange(b, device=device)  # original index of each active sentence
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
-    last = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
+    last = torch.full((b,), BOS_ID, dtype=torch.long, device=device)
     for t in range(steps):
         logp, state, cross = model.step(last, state, need_weights=need_attention)  # (N, V)
         if need_attention:
             step_attn = cross[attention_layer][:, None].float()  # (N, 1, H, S)
             attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], 1)
         logp = rules.apply(logp, t, history)
-        a, c = sentences.numel(), min(2 * k, logp.size(1))
+        (a, kk), c = beam_scores.shape, min(2 * k, logp.size(1))
         # A sentence's 2K best continuations are among its beams' 2K best each (no beam holds more of them):
-        # ranking K * 2K candidates rather than K * V is the same search, at a fraction of the cost.
+        # ranking kk * 2K candidates rather than kk * V is the same search, at a fraction of the cost.
         row_scores, row_tok = logp.topk(c, dim=1)  # (N, C)
-        cand = (beam_scores.view(-1, 1) + row_scores).view(a, k * c)  # (A, K*C)
-        top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)  # (A, 2K)
-        top_beam, top_tok = top_idx // c, row_tok.view(a, k * c).gather(1, top_idx)
+        cand = (beam_scores.view(-1, 1) + row_scores).view(a, kk * c)  # (A, kk*C)
+        top_scores, top_idx = cand.topk(min(2 * k, kk * c), dim=1)  # (A, 2K)
+        top_beam, top_tok = top_idx // c, row_tok.view(a, kk * c).gather(1, top_idx)
+        if top_scores.size(1) < k:  # a vocabulary smaller than the beam: the missing beams are dead (-inf)
+            top_scores, top_beam, top_tok = _pad(top_scores, top_beam, top_tok, k)
         is_eos = top_tok.eq(EOS_ID) & top_scores.gt(float("-inf"))
-        _finish(finished, sentences, history, attn_hist, top_scores, top_beam, is_eos, k, len_penalty, len_style)
+        _finish(finished, sentences, history, attn_hist, top_scores, top_beam, is_eos, k, kk, len_penalty,
+                len_style)
         # the first K candidates that are not EOS continue
         rank = torch.where(is_eos, top_scores.size(1) + torch.arange(top_scores.size(1), device=device),
                            torch.arange(top_scores.size(1), device=device))
         keep = rank.argsort(dim=1)[:, :k]  # (A, K)
         beam_scores = top_scores.gather(1, keep)
-        rows = (torch.arange(a, device=device)[:, None] * k + top_beam.gather(1, keep)).view(-1)  # (N,)
+        rows = (torch.arange(a, device=device)[:, None] * kk + top_beam.gather(1, keep)).view(-1)  # (A*K,)
         last = top_tok.gather(1, keep).view(-1)
         history = torch.cat([history.index_select(0, rows), last[:, None]], 1)
         attn_hist = None if attn_hist is None else attn_hist.index_select(0, rows)
-        state, rules = state.reorder(rows, within_sentences=True), rules.reorder(rows)  # rows stay in their blocks
+        # rows stay in their blocks; after the first step every beam comes from its sentence's one row
+        state = state.reorder(rows, within_sentences=True) if kk == k else state.expand(k)
+        rules = rules.reorder(rows)
         best_possible = _best_possible(beam_scores, t, rules.limits.view(a, k)[:, 0], len_penalty, len_style)
         running = torch.tensor([len(finished[s]) < k or finished[s][-1].norm_score < bound
                                 for s, bound in zip(sentences.tolist(), best_possible.tolist())], device=device)
@@ -94,14 +99,22 @@ def _best_possible(beam_scores: torch.Tensor, t: int, limits: torch.Tensor, alph
     return torch.maximum(shortest, longest)
 
 
+def _pad(scores: torch.Tensor, beams: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """(A, n < K) candidates -> (A, K), the added ones scored -inf (they never finish nor win)."""
+    a, n = scores.shape
+    return (torch.cat([scores, scores.new_full((a, k - n), float("-inf"))], 1),
+            torch.cat([beams, beams.new_zeros(a, k - n)], 1), torch.cat([tokens, tokens.new_zeros(a, k - n)], 1))
+
+
 def _finish(finished: list[list[Hypothesis]], sentences: torch.Tensor, history: torch.Tensor,
             attn_hist: torch.Tensor | None, top_scores: torch.Tensor, top_beam: torch.Tensor,
-            is_eos: torch.Tensor, k: int, alpha: float, style: str) -> None:
-    """Record the EOS candidates ranked among the first K of each sentence; each keeps its K best, best first."""
+            is_eos: torch.Tensor, k: int, kk: int, alpha: float, style: str) -> None:
+    """Record the EOS candidates ranked among the first K of each sentence; each keeps its K best, best first.
+    Candidate j of sentence a extends row a * kk + top_beam[a, j] (kk rows per sentence)."""
     a_idx, j_idx = (is_eos[:, :k]).nonzero(as_tuple=True)
     for a, j in zip(a_idx.tolist(), j_idx.tolist()):
         sent = int(sentences[a])
-        row = a * k + int(top_beam[a, j])
+        row = a * kk + int(top_beam[a, j])
         tokens = history[row].tolist()
         score = float(top_scores[a, j])
         norm = score / length_penalty(len(tokens) + 1, alpha, style)

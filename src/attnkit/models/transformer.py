@@ -155,7 +155,9 @@ class Transformer(nn.Module):
 
     def init_state(self, enc: Encoded) -> DecoderState:
         return DecoderState(
-            memory_kv=[layer.cross_attn.project_kv(enc.memory) for layer in self.decoder],
+            # contiguous (B, H, S, Dh) blocks: every decoding step reads them
+            memory_kv=[KVCache(kv.k.contiguous(), kv.v.contiguous())
+                       for kv in (layer.cross_attn.project_kv(enc.memory) for layer in self.decoder)],
             memory_mask=key_padding_to_attn_mask(enc.pad_mask) if enc.pad_mask.any() else None,  # faster unmasked
             self_kv=[None] * len(self.decoder),
         )

@@ -144,7 +144,7 @@ class MultiHeadAttention(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Attention logits (B, H, T, S)."""
-        return q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        return (q @ k.transpose(-2, -1)).mul_(1 / math.sqrt(self.head_dim))  # a fresh product: scaled in place
 
     def attend(
         self,
