@@ -204,3 +204,20 @@ def test_sdpa_and_explicit_paths_agree_on_long_inputs():
     causal, _, _ = mha(x, causal=True)
     torch.testing.assert_close(causal, explicit_mha(mha, x, x, causal_mask(70)[None].expand(2, 70, 70)),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_query_path_equals_explicit_with_padding(dtype):
+    """A decoding step's single query (batched products on CPU) against the loop reference."""
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(16, 4).eval()
+    x, mem = torch.randn(3, 1, 16), torch.randn(3, 6, 16)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 2:] = True
+    pad[2, 5:] = True
+    with torch.no_grad():
+        out, weights, _ = mha.to(dtype)(x.to(dtype), mem.to(dtype), mask=key_padding_to_attn_mask(pad))
+    assert weights is None and out.dtype == dtype
+    ref = explicit_mha(mha.float(), x, mem, (~pad)[:, None, :])
+    tol = 1e-5 if dtype == torch.float32 else 0.05
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
