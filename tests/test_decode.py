@@ -11,6 +11,7 @@ import torch
 
 from attnkit.data import BOS_ID, EOS_ID, PAD_ID
 from attnkit.decode import beam_search, greedy_search, sample, score_targets
+from attnkit.decode.search import row_argmax, row_topk
 from attnkit.models import Transformer
 from conftest import tiny_model_config
 
@@ -246,3 +247,18 @@ def test_beam_search_equals_a_textbook_beam_search(vocab, k):
             live = [r for r in ref if r[1] > float("-inf")]
             assert [h.tokens for h in hyps] == [tokens for tokens, _ in live]
             assert [h.score for h in hyps] == pytest.approx([score for _, score in live], abs=1e-4)
+
+
+def test_block_maxima_searches_equal_argmax_and_topk():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 640, generator=g)
+    x[0, 100] = x[0, 500] = 9.0  # a tie across blocks: the first index wins, as in argmax
+    x[1, 70:72] = 9.0  # a tie inside a block
+    x[2, 300] = float("nan")  # argmax returns the NaN's index
+    assert torch.equal(row_argmax(x), x.argmax(1))
+    for k in (1, 3, 9):
+        values, idx = row_topk(x[3:], k)
+        ref = x[3:].topk(k, dim=1)
+        assert torch.equal(values, ref.values) and torch.equal(idx, ref.indices)
+    odd = torch.randn(3, 100, generator=g)  # not whole blocks: torch's own search
+    assert torch.equal(row_argmax(odd), odd.argmax(1)) and torch.equal(row_topk(odd, 2)[1], odd.topk(2, dim=1).indices)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
-from attnkit.decode.search import Hypothesis, StepRules, length_penalty, max_lengths
+from attnkit.decode.search import Hypothesis, StepRules, length_penalty, max_lengths, row_topk
 
 
 @torch.no_grad()
@@ -50,7 +50,7 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
         (a, kk), c = beam_scores.shape, min(2 * k, logp.size(1))
         # A sentence's 2K best continuations are among its beams' 2K best each (no beam holds more of them):
         # ranking kk * 2K candidates rather than kk * V is the same search, at a fraction of the cost.
-        row_scores, row_tok = logp.topk(c, dim=1)  # (N, C)
+        row_scores, row_tok = row_topk(logp, c)  # (N, C)
         cand = (beam_scores.view(-1, 1) + row_scores).view(a, kk * c)  # (A, kk*C)
         top_scores, top_idx = cand.topk(min(2 * k, kk * c), dim=1)  # (A, 2K)
         top_beam, top_tok = top_idx // c, row_tok.view(a, kk * c).gather(1, top_idx)

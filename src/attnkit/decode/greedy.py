@@ -10,14 +10,14 @@ from collections.abc import Callable
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from attnkit.decode.search import Hypothesis, StepRules, max_lengths
+from attnkit.decode.search import Hypothesis, StepRules, max_lengths, row_argmax
 
 Pick = Callable[[torch.Tensor], torch.Tensor]  # constrained log-probs (A, V) -> chosen tokens (A,)
 
 
 def greedy_search(model, src: torch.Tensor, **kw) -> list[list[Hypothesis]]:
     """The most probable token at every step; one hypothesis per sentence."""
-    return left_to_right(model, src, lambda logp: logp.argmax(-1), **kw)
+    return left_to_right(model, src, row_argmax, **kw)
 
 
 def sample(model, src: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
