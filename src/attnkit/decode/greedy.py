@@ -44,7 +44,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.2, max_len_b: int = 10,
                   min_len: int = 0, prefix: torch.Tensor | None = None, no_repeat_ngram: int = 0,
                   need_attention: bool = False, attention_layer: int = -1) -> list[list[Hypothesis]]:
@@ -64,10 +64,11 @@ def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.
     attn: list[list[torch.Tensor]] = [[] for _ in range(b)]
     for t in range(steps):
         logp, state, cross = model.step(last, state, need_weights=need_attention)  # (A, V)
-        logp = rules.apply(logp, t, out[active, :t])
+        rows = slice(None) if active.numel() == b else active  # every sentence still running: no gathers
+        logp = rules.apply(logp, t, out[rows, :t])
         best = pick(logp)  # (A,)
-        scores[active] += logp.gather(1, best[:, None]).squeeze(1)
-        out[active, t] = best
+        scores[rows] += logp.gather(1, best[:, None]).squeeze(1)
+        out[rows, t] = best
         if need_attention:
             for row, w in zip(active.tolist(), cross[attention_layer].float().cpu()):
                 attn[row].append(w)

@@ -10,7 +10,7 @@ import torch
 from attnkit.data.tokenizer import PAD_ID
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score_targets(model, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
     """Summed log P(tgt_out | src) per sentence (B,), EOS included, padding excluded."""
     logp = model(src, tgt_in).float().log_softmax(-1)  # (B, T, V)
