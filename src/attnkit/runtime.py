@@ -62,7 +62,7 @@ def keep_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(None)  # the process's own C library
-    except OSError:
+    except (OSError, TypeError):  # Windows has no "process's own" library
         return False
     if not hasattr(libc, "gnu_get_libc_version"):  # not glibc (musl, macOS, Windows)
         return False
