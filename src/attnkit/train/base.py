@@ -175,7 +175,9 @@ class TrainerBase:
         """Train until the budget is spent (see `run`); SIGINT / SIGTERM save `last`, then raise Interrupted."""
         try:
             with self.stop_on_signals():
-                return self.run()
+                result = self.run()
+            self.dist.barrier()  # ranks tear the process group down together, none while another still talks
+            return result
         finally:
             self.dist.close()
 

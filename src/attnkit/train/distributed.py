@@ -86,6 +86,11 @@ class Distributed:
         per = n // self.world
         return slice(self.rank * per, (self.rank + 1) * per)
 
+    def barrier(self) -> None:
+        """Wait until every rank gets here (world size 1: at once)."""
+        if self.world > 1:
+            dist.barrier()
+
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
