@@ -12,6 +12,7 @@ autocast, float32 (or bfloat16 where oneDNN supports it) and a weight that is a 
 cached per Parameter (and row range) and rebuilt when the weight changes: an optimiser step or
 `load_state_dict` bumps its version counter, `.to()` gives it new storage. Training and CUDA use
 `F.linear` unchanged. Results agree with `F.linear` to float32 rounding (the summation order differs).
+The cost is memory: one more copy of every weight used in inference, kept while the Parameter lives.
 """
 
 from __future__ import annotations
