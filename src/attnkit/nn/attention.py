@@ -115,7 +115,7 @@ def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     steps this path made greedy search about 2.5% faster.
     """
     b, h, _, dh = q.shape
-    scores = torch.bmm(q.reshape(b * h, 1, dh), k.flatten(0, 1).transpose(1, 2)).mul_(dh**-0.5)  # (B*H, 1, S)
+    scores = torch.bmm(q.reshape(b * h, 1, dh), k.flatten(0, 1).transpose(1, 2)).mul_(1 / math.sqrt(dh))  # (B*H, 1, S)
     if mask is not None:  # (B or 1, 1, 1, S)
         scores.view(b, h, 1, -1).masked_fill_(~mask, float("-inf"))
     out = torch.bmm(_normalise(scores, v.dtype), v.flatten(0, 1))  # (B*H, 1, Dh)

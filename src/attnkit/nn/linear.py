@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 _ROWS_HINT = 64  # the batch size oneDNN picks its layout for; measured as good from 5 to 1536 rows
-_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Parameter -> {rows: (version, data_ptr, packed)}
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Parameter -> {rows: ((version, data_ptr), packed)}
 
 
 def _dtypes() -> tuple[torch.dtype, ...]:
