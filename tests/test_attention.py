@@ -166,6 +166,8 @@ def test_kv_cache_grows_in_place_and_equals_concatenation():
         torch.testing.assert_close(cache.k, expected)
         torch.testing.assert_close(cache.v, -expected)
     assert kept[5].k.data_ptr() == kept[20].k.data_ptr()  # one buffer, no copy per step
+    # time-major: the filled positions are one block without gaps, whatever room is left after them
+    assert kept[20].k.permute(2, 0, 1, 3).is_contiguous() and kept[20].room.k.size(0) > 21
     torch.testing.assert_close(kept[9].k, torch.cat(steps[:10], dim=2))  # older caches stay valid
     plain = KVCache(steps[0], steps[0]).append(steps[1], steps[1])  # no spare room: contiguous concatenation
     assert plain.room is None and plain.k.is_contiguous()
