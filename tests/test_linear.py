@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,6 +49,20 @@ def test_packed_weights_follow_every_change_of_the_weight():
         torch.testing.assert_close(lin(x), x.sum(1, keepdim=True).expand(4, 6))
         lin.weight.data = torch.full((6, 8), 2.0)  # new storage
         torch.testing.assert_close(lin(x), 2 * x.sum(1, keepdim=True).expand(4, 6))
+
+
+@needs_mkldnn
+def test_packed_copies_go_with_their_weights():
+    from attnkit.nn.linear import _PACKED
+
+    lin = Linear(8, 6)
+    with torch.no_grad():
+        lin(torch.randn(2, 8))
+    key = id(lin.weight)
+    assert _PACKED[key][0]() is lin.weight
+    del lin
+    gc.collect()
+    assert key not in _PACKED  # no copy outlives its Parameter
 
 
 def test_linear_records_gradients_and_leaves_autocast_alone():

@@ -17,13 +17,18 @@ The cost is memory: one more copy of every weight used in inference, kept while 
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 _ROWS_HINT = 64  # the batch size oneDNN picks its layout for; measured as good from 5 to 1536 rows
-_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Parameter -> {rows: ((version, data_ptr), packed)}
+# id(Parameter) -> (weak reference to it, {rows: ((version, data_ptr), packed)}). A plain dict checked
+# through the weak reference: a decoding step makes 19 products, and WeakIdKeyDictionary's lookup (a new
+# weak reference per call) cost more than the checks themselves.
+_PACKED: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 def _dtypes() -> tuple[torch.dtype, ...]:
@@ -38,8 +43,8 @@ _PACKABLE = _dtypes()
 def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear(x, weight)` takes the prepacked path."""
     return (
-        x.device.type == "cpu"
-        and not torch.is_grad_enabled()
+        not torch.is_grad_enabled()
+        and x.is_cpu
         and isinstance(weight, nn.Parameter)
         and x.dtype == weight.dtype
         and x.dtype in _PACKABLE
@@ -47,9 +52,18 @@ def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _forget(key: int, _dead: weakref.ref) -> None:
+    """Drop a Parameter's packed copies when it is collected."""
+    _PACKED.pop(key, None)
+
+
 def _packed(weight: nn.Parameter, rows: tuple[int, int] | None) -> torch.Tensor:
     """oneDNN's blocked copy of weight[rows] (N, K), made once per version of the weight."""
-    per_rows = _PACKED.setdefault(weight, {})
+    key = id(weight)
+    entry = _PACKED.get(key)
+    if entry is None or entry[0]() is not weight:  # new, or another Parameter that had the same id
+        entry = _PACKED[key] = (weakref.ref(weight, functools.partial(_forget, key)), {})
+    per_rows = entry[1]
     stamp = (weight._version, weight.data_ptr())
     hit = per_rows.get(rows)
     if hit is not None and hit[0] == stamp:
@@ -62,6 +76,7 @@ def _packed(weight: nn.Parameter, rows: tuple[int, int] | None) -> torch.Tensor:
 
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise.default if _PACKABLE else None  # resolved once
 
 
 def linear(
@@ -80,8 +95,9 @@ def linear(
     if not packable(x, weight):
         y = F.linear(x, weight if rows is None else weight[rows[0] : rows[1]], bias)
         return y if activation is None else _ACTIVATIONS[activation](y)
-    fused = ("none", "") if activation is None else (activation, "none" if activation == "gelu" else "")
-    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight, rows), bias, fused[0], [], fused[1])
+    if activation is None:
+        return _linear_pointwise(x, _packed(weight, rows), bias, "none", [], "")
+    return _linear_pointwise(x, _packed(weight, rows), bias, activation, [], "none" if activation == "gelu" else "")
 
 
 class Linear(nn.Linear):
