@@ -170,8 +170,10 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(b, t, self.d_model)  # (B, H, T, Dh) -> (B, T, D)
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, T, D) x 3
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        """(B, T, D) -> queries, keys, values (B, H, T, Dh) each, views of one product."""
+        b, t, _ = x.shape
+        qkv = linear(x, self.in_proj.weight, self.in_proj.bias).view(b, t, 3, self.n_heads, self.head_dim)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         return self.split_heads(linear(x, self.in_proj.weight, self.in_proj.bias, rows=(0, self.d_model)))
@@ -251,5 +253,5 @@ class MultiHeadAttention(nn.Module):
             kv = memory if isinstance(memory, KVCache) else self.project_kv(memory)
             k, v = kv.k, kv.v
         out, weights = self.attend(q, k, v, mask=mask, causal=causal, need_weights=need_weights)
-        return self.out_proj(out), weights, cache
+        return linear(out, self.out_proj.weight, self.out_proj.bias), weights, cache
 

@@ -46,8 +46,13 @@ class Residual(nn.Module):
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if self.norm_first:
-            return self._add(x, fn(self.norm(x)))
-        return self.norm(self._add(x, fn(x)))
+            return self._add(x, fn(self._norm(x)))
+        return self._norm(self._add(x, fn(x)))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        """self.norm(x) without the module call (a decoding step makes nine)."""
+        n = self.norm
+        return torch.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)
 
     def _add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x + dropout(y), the 1 / (1 - p) applied by the addition itself (alpha)."""
