@@ -262,3 +262,21 @@ def test_block_maxima_searches_equal_argmax_and_topk():
         assert torch.equal(values, ref.values) and torch.equal(idx, ref.indices)
     odd = torch.randn(3, 100, generator=g)  # not whole blocks: torch's own search
     assert torch.equal(row_argmax(odd), odd.argmax(1)) and torch.equal(row_topk(odd, 2)[1], odd.topk(2, dim=1).indices)
+
+
+@pytest.mark.parametrize("shape", [(64, 8000), (5, 17), (3, 1)])
+def test_step_log_probs_in_place_equal_log_softmax(shape):
+    from attnkit.nn.outputs import step_log_probs
+
+    torch.manual_seed(4)
+    logits = torch.randn(shape) * 10
+    logits[0, 0] = float("-inf")  # a banned token
+    ref = logits.log_softmax(-1)
+    with torch.inference_mode():
+        out = step_log_probs(logits)
+    assert out.data_ptr() == logits.data_ptr()  # in place: no second (N, V) tensor
+    assert torch.equal(out[:, 1:], ref[:, 1:]) and torch.equal(out.isneginf(), ref.isneginf())
+    half = torch.randn(shape).bfloat16()
+    assert step_log_probs(half).dtype == torch.float32 and half.dtype == torch.bfloat16  # normalised in float32
+    leaf = torch.randn(shape, requires_grad=True)
+    torch.testing.assert_close(step_log_probs(leaf * 1.0), leaf.log_softmax(-1))  # recorded: not overwritten

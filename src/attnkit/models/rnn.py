@@ -33,6 +33,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnkit.config import RNNConfig
 from attnkit.errors import AttnkitError
 from attnkit.nn import Dropout
+from attnkit.nn.outputs import step_log_probs
 
 BASELINE_DECAY = 0.9  # REINFORCE moving-average baseline, b <- 0.9 b + 0.1 reward (Xu et al. 2015, section 4.2)
 
@@ -178,7 +179,7 @@ class RNNSeq2Seq(nn.Module):
             self._require_attention()
         emb = self.dropout(self.tgt_embed(tokens))  # (B, E)
         features, state, attended = self._decoder_step(emb, state)
-        logp = self.project(features).float().log_softmax(dim=-1)
+        logp = step_log_probs(self.project(features))
         return logp, state, ([attended.weights[:, None]] if need_weights else None)  # one layer, one "head"
 
     def decode(self, tgt_in: torch.Tensor, enc: RNNEncoded, *, need_weights: bool = False

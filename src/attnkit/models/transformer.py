@@ -25,6 +25,7 @@ from attnkit.nn import (
     key_padding_to_attn_mask,
     linear,
 )
+from attnkit.nn.outputs import step_log_probs
 
 
 @dataclass
@@ -180,4 +181,4 @@ class Transformer(nn.Module):
                 cross.append(w["cross"][:, :, 0])
         logits = self.project(self.decoder_norm(y))[:, 0]  # (B, V)
         state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1, state.beams)
-        return logits.float().log_softmax(dim=-1), state, (cross if need_weights else None)
+        return step_log_probs(logits), state, (cross if need_weights else None)
