@@ -72,11 +72,11 @@ def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.
         if need_attention:
             for row, w in zip(active.tolist(), cross[attention_layer].float().cpu()):
                 attn[row].append(w)
-        running = best.ne(EOS_ID)
-        if not running.any():
-            break
-        if not running.all():
-            keep = running.nonzero().squeeze(1)
+        ended = best.eq(EOS_ID)
+        if ended.any():
+            if ended.all():
+                break
+            keep = ended.logical_not_().nonzero().squeeze(1)
             state, rules, active, best = state.reorder(keep), rules.reorder(keep), active[keep], best[keep]
         last = best
     hyps = []

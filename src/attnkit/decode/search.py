@@ -45,9 +45,17 @@ class StepRules:
     prefix: torch.Tensor | None = None
     no_repeat_ngram: int = 0
 
+    first_limit: int | None = None  # no row is at its limit before this step (None: computed)
+
+    def __post_init__(self) -> None:
+        if self.first_limit is None:
+            self.first_limit = int(self.limits.min()) if self.limits.numel() else 0
+
     def reorder(self, rows: torch.Tensor) -> StepRules:
+        """The rules of the rows selected; the first limit stays a lower bound (no sync per step)."""
         prefix = None if self.prefix is None else self.prefix.index_select(0, rows)
-        return StepRules(self.limits.index_select(0, rows), self.min_len, prefix, self.no_repeat_ngram)
+        return StepRules(self.limits.index_select(0, rows), self.min_len, prefix, self.no_repeat_ngram,
+                         self.first_limit)
 
     def apply(self, logp: torch.Tensor, t: int, history: torch.Tensor) -> torch.Tensor:
         """logp (N, V) at output position t, history (N, t) -> the constrained log-probs, written into logp
@@ -65,6 +73,8 @@ class StepRules:
         if forcing:
             logp[rows] = float("-inf")
             logp[rows, forced[rows]] = kept
+        if t < self.first_limit and not repeats:  # no row is at its limit yet: nothing to check
+            return logp
         at_limit = self.limits.le(t)  # (N,)
         if repeats:  # a row whose every token is banned (e.g. no_repeat_ngram 1 after all were used) ends here
             at_limit = at_limit | torch.isneginf(logp).all(dim=1)
