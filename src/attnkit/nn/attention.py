@@ -38,9 +38,11 @@ class _Room:
     def make(like: torch.Tensor, capacity: int, rows: int | None = None) -> _Room:
         """Empty buffers for keys/values shaped like `like` (B, H, S, Dh), with `rows` rows (default B)."""
         b, h, _, dh = like.shape
-        return _Room(like.new_empty(capacity, rows or b, h, dh), like.new_empty(capacity, rows or b, h, dh))
+        shape = (capacity, b if rows is None else rows, h, dh)
+        return _Room(like.new_empty(shape), like.new_empty(shape))
 
-    def positions(self, buffer: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    @staticmethod
+    def positions(buffer: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Positions [start, stop) of a buffer as a (B, H, stop - start, Dh) view."""
         return buffer[start:stop].permute(1, 2, 0, 3)
 
