@@ -36,7 +36,7 @@ def test_self_attention_with_padding_equals_explicit(need_weights):
     mha = MultiHeadAttention(16, 4).eval()
     x = torch.randn(3, 5, 16)
     pad = torch.tensor([[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
-    out, weights, _ = mha(x, mask=key_padding_to_attn_mask(pad), need_weights=need_weights)
+    out, weights = mha(x, mask=key_padding_to_attn_mask(pad), need_weights=need_weights)
     keep = (~pad)[:, None, :].expand(3, 5, 5)
     torch.testing.assert_close(out, explicit_mha(mha, x, x, keep), atol=1e-5, rtol=1e-5)
     if need_weights:
@@ -50,14 +50,14 @@ def test_causal_cross_and_prefix_masks_equal_explicit(need_weights):
     torch.manual_seed(1)
     mha = MultiHeadAttention(12, 3).eval()
     x = torch.randn(2, 4, 12)
-    out, _, _ = mha(x, causal=True, need_weights=need_weights)
+    out, _ = mha(x, causal=True, need_weights=need_weights)
     keep = causal_mask(4)[None].expand(2, 4, 4)
     torch.testing.assert_close(out, explicit_mha(mha, x, x, keep), atol=1e-5, rtol=1e-5)
     # cross-attention to a memory with padding
     mem = torch.randn(2, 6, 12)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[1, 4:] = True
-    out, _, _ = mha(x, mem, mask=key_padding_to_attn_mask(pad), need_weights=need_weights)
+    out, _ = mha(x, mem, mask=key_padding_to_attn_mask(pad), need_weights=need_weights)
     keep = (~pad)[:, None, :].expand(2, 4, 6)
     torch.testing.assert_close(out, explicit_mha(mha, x, mem, keep), atol=1e-5, rtol=1e-5)
 
@@ -199,11 +199,11 @@ def test_sdpa_and_explicit_paths_agree_on_long_inputs():
     x, mem = torch.randn(2, 70, 16), torch.randn(2, 90, 16)
     pad = torch.zeros(2, 90, dtype=torch.bool)
     pad[0, 80:] = True
-    fused, none, _ = mha(x, mem, mask=key_padding_to_attn_mask(pad))
-    explicit, weights, _ = mha(x, mem, mask=key_padding_to_attn_mask(pad), need_weights=True)
+    fused, none = mha(x, mem, mask=key_padding_to_attn_mask(pad))
+    explicit, weights = mha(x, mem, mask=key_padding_to_attn_mask(pad), need_weights=True)
     assert none is None and weights.shape == (2, 4, 70, 90)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
-    causal, _, _ = mha(x, causal=True)
+    causal, _ = mha(x, causal=True)
     torch.testing.assert_close(causal, explicit_mha(mha, x, x, causal_mask(70)[None].expand(2, 70, 70)),
                                atol=1e-5, rtol=1e-5)
 
@@ -218,7 +218,7 @@ def test_one_query_path_equals_explicit_with_padding(dtype):
     pad[1, 2:] = True
     pad[2, 5:] = True
     with torch.no_grad():
-        out, weights, _ = mha.to(dtype)(x.to(dtype), mem.to(dtype), mask=key_padding_to_attn_mask(pad))
+        out, weights = mha.to(dtype)(x.to(dtype), mem.to(dtype), mask=key_padding_to_attn_mask(pad))
     assert weights is None and out.dtype == dtype
     ref = explicit_mha(mha.float(), x, mem, (~pad)[:, None, :])
     tol = 1e-5 if dtype == torch.float32 else 0.05

@@ -47,9 +47,10 @@ def test_changing_a_future_target_token_never_changes_earlier_outputs():
         assert not torch.allclose(out[:, k], ref[:, k])  # and the change is seen where it may be
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_cached_incremental_decoding_equals_full_recomputation(norm_first):
-    m = model(norm_first=norm_first)
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "relu"), (False, "gelu"), (True, "gelu")])
+def test_cached_incremental_decoding_equals_full_recomputation(norm_first, activation):
+    """DecoderLayer.step (one position over the cache) is the same layer as its teacher-forced forward."""
+    m = model(norm_first=norm_first, activation=activation)
     src = torch.cat([ids(2, 7), torch.cat([ids(1, 4, 5), torch.full((1, 3), PAD_ID)], 1)])
     tgt = ids(3, 6, 1)
     full = m(src, tgt).log_softmax(-1)  # (B, T, V)

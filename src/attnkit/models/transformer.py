@@ -25,6 +25,7 @@ from attnkit.nn import (
     key_padding_to_attn_mask,
     linear,
 )
+from attnkit.nn.layers import StepWeights
 from attnkit.nn.outputs import step_log_probs
 
 
@@ -51,6 +52,7 @@ class DecoderState:
     self_kv: list[KVCache | None]  # per layer: decoder self-attention keys/values so far
     length: int = 0  # target positions already fed
     beams: int = 1  # rows per source sentence
+    layers: list[StepWeights] | None = None  # per layer: what its step reads, fetched once per search
 
     def expand(self, beams: int) -> DecoderState:
         """Each sentence's row becomes `beams` consecutive rows (the start of beam search)."""
@@ -58,7 +60,7 @@ class DecoderState:
         rows = torch.arange(source.size(0) * self.beams, device=source.device).repeat_interleave(beams)
         return DecoderState(self.memory_kv, self.memory_mask,
                             [None if kv is None else kv.reorder(rows) for kv in self.self_kv],
-                            self.length, self.beams * beams)
+                            self.length, self.beams * beams, self.layers)
 
     def reorder(self, indices: torch.Tensor, *, within_sentences: bool = False) -> DecoderState:
         """Select/reorder batch rows (beam search, dropping finished sentences). `within_sentences`: every
@@ -72,6 +74,7 @@ class DecoderState:
             self_kv=[None if kv is None else kv.reorder(indices) for kv in self.self_kv],
             length=self.length,
             beams=self.beams,
+            layers=self.layers,
         )
 
 
@@ -139,7 +142,7 @@ class Transformer(nn.Module):
         y = self.embed(self.tgt_embed, tgt_in)
         weights: dict[str, list[torch.Tensor]] = {"self": [], "cross": []}
         for layer in self.decoder:
-            y, w, _ = layer(y, enc.memory, memory_mask=mask, need_weights=need_weights)
+            y, w = layer(y, enc.memory, memory_mask=mask, need_weights=need_weights)
             weights["self"].append(w["self"])
             weights["cross"].append(w["cross"])
         return self.project(self.decoder_norm(y)), (weights if need_weights else None)
@@ -161,6 +164,7 @@ class Transformer(nn.Module):
                        for kv in (layer.cross_attn.project_kv(enc.memory) for layer in self.decoder)],
             memory_mask=key_padding_to_attn_mask(enc.pad_mask) if enc.pad_mask.any() else None,  # faster unmasked
             self_kv=[None] * len(self.decoder),
+            layers=[layer.step_weights() for layer in self.decoder],
         )
 
     def step(
@@ -169,16 +173,17 @@ class Transformer(nn.Module):
         """Feed one token per row, tokens (B,) -> log-probs (B, V), new state, cross weights per layer (B, H, S)."""
         y = self.embed(self.tgt_embed, tokens[:, None], offset=state.length)  # (B, 1, D)
         new_kv, cross = [], []
-        for layer, mem_kv, self_kv in zip(self.decoder, state.memory_kv, state.self_kv):
+        layers = state.layers or [layer.step_weights() for layer in self.decoder]
+        for weights, mem_kv, self_kv in zip(layers, state.memory_kv, state.self_kv):
             if self_kv is None:  # first step: an empty cache of the right shape
                 _, h, _, dh = mem_kv.k.shape
                 empty = mem_kv.k.new_zeros(tokens.size(0), h, 0, dh)
                 self_kv = KVCache(empty, empty)
-            y, w, self_kv = layer(y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
-                                  need_weights=need_weights, beams=state.beams)
+            y, w, self_kv = DecoderLayer.step(weights, y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
+                                              need_weights=need_weights, beams=state.beams)
             new_kv.append(self_kv)
             if need_weights:
                 cross.append(w["cross"][:, :, 0])
         logits = self.project(self.decoder_norm(y))[:, 0]  # (B, V)
-        state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1, state.beams)
+        state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1, state.beams, layers)
         return step_log_probs(logits), state, (cross if need_weights else None)

@@ -144,6 +144,12 @@ def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return out.view(b, 1, h * dh)
 
 
+def split_qkv(qkv: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed projection (B, T, 3D) -> queries, keys, values (B, H, T, Dh) each, as views."""
+    b, t, d3 = qkv.shape
+    return qkv.view(b, t, 3, n_heads, d3 // (3 * n_heads)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with one packed (3D, D) input projection.
 
@@ -173,9 +179,7 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) -> queries, keys, values (B, H, T, Dh) each, views of one product."""
-        b, t, _ = x.shape
-        qkv = linear(x, self.in_proj.weight, self.in_proj.bias).view(b, t, 3, self.n_heads, self.head_dim)
-        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return split_qkv(linear(x, self.in_proj.weight, self.in_proj.bias), self.n_heads)
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         return self.split_heads(linear(x, self.in_proj.weight, self.in_proj.bias, rows=(0, self.d_model)))
@@ -236,24 +240,17 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         causal: bool = False,
-        cache: KVCache | None = None,
         need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | None]:
-        """Attend from x (B, T, D).
-
-        memory=None: self-attention; with `cache`, the new keys/values are appended to it (incremental
-        decoding) and the grown cache is returned. memory=(B, S, D) tensor or a precomputed KVCache:
-        cross-attention. Returns (output (B, T, D), weights or None, cache or None).
-        """
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from x (B, T, D): memory=None self-attention, memory=(B, S, D) tensor or a precomputed
+        KVCache cross-attention. Returns (output (B, T, D), weights or None). Incremental decoding with a
+        cache of keys and values is `DecoderLayer.step`."""
         if memory is None:
             q, k, v = self.project_qkv(x)
-            if cache is not None:
-                cache = cache.append(k, v, spare=32)  # decoding: the next steps write in place
-                k, v = cache.k, cache.v
         else:
             q = self.project_q(x)
             kv = memory if isinstance(memory, KVCache) else self.project_kv(memory)
             k, v = kv.k, kv.v
         out, weights = self.attend(q, k, v, mask=mask, causal=causal, need_weights=need_weights)
-        return linear(out, self.out_proj.weight, self.out_proj.bias), weights, cache
+        return linear(out, self.out_proj.weight, self.out_proj.bias), weights
 
