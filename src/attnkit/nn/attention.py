@@ -144,12 +144,6 @@ def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return out.view(b, 1, h * dh)
 
 
-def split_qkv(qkv: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The packed projection (B, T, 3D) -> queries, keys, values (B, H, T, Dh) each, as views."""
-    b, t, d3 = qkv.shape
-    return qkv.view(b, t, 3, n_heads, d3 // (3 * n_heads)).permute(2, 0, 3, 1, 4).unbind(0)
-
-
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with one packed (3D, D) input projection.
 
@@ -179,7 +173,9 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) -> queries, keys, values (B, H, T, Dh) each, views of one product."""
-        return split_qkv(linear(x, self.in_proj.weight, self.in_proj.bias), self.n_heads)
+        b, t, _ = x.shape
+        qkv = linear(x, self.in_proj.weight, self.in_proj.bias).view(b, t, 3, self.n_heads, self.head_dim)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         return self.split_heads(linear(x, self.in_proj.weight, self.in_proj.bias, rows=(0, self.d_model)))
