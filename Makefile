@@ -1,4 +1,4 @@
-# The two set-up commands of the README: `make demo` and `make test`.
+# The two set-up commands of the README: `make demo` and `make test` (ruff, the import layers, pytest).
 PY ?= python3
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
@@ -12,6 +12,7 @@ demo: install
 
 lint:
 	$(PY) -m ruff check src tests $(wildcard benchmarks)
+	lint-imports --no-logo
 
 test: install lint
 	$(PY) -m pytest

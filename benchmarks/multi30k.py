@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from attnkit.checkpoint import average_checkpoints, epoch_checkpoints
 from attnkit.data import read_lines
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.eval import score_corpus
-from attnkit.train.checkpoint import average_checkpoints, epoch_checkpoints
 
 ALPHAS = (0.6, 0.8, 1.0, 1.2, 1.4)
 

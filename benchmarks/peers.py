@@ -5,7 +5,7 @@
     python benchmarks/peers.py --family lm --peers attnkit xtransformers --json lm.jsonl
 
 The peer code (Hugging Face BART / GPT-2, x-transformers XTransformer / TransformerWrapper with memory) lives
-in attnkit.eval.peers and the timing in attnkit.eval.speed, so `attnkit bench` runs the same measurements;
+in attnkit.bench (one module per toolkit, the timing in measure), so `attnkit bench` runs the same measurements;
 this script only translates its options to `attnkit bench --workloads ... --peers ...` (attnkit is always
 measured).
 """
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 
-from attnkit.cli import main as attnkit_main
+from attnkit.bench.catalog import GROUPS
+from attnkit.bench.catalog import PEERS as PEER_TOOLKITS
+from attnkit.cli.main import main as attnkit_main
 
-WORKLOADS = {"mt": ("train", "greedy", "beam5"), "lm": ("train-xl", "train-vanilla", "eval-xl", "eval-vanilla")}
-PEERS = ("attnkit", "huggingface", "xtransformers")
+# family -> its workloads without the family prefix (mt-greedy -> greedy)
+WORKLOADS = {f: tuple(w.split("-", 1)[1] for w in GROUPS[f]) for f in ("mt", "lm")}
+PEERS = ("attnkit", *PEER_TOOLKITS)
 
 
 def bench_argv(argv: list[str] | None = None) -> list[str]:

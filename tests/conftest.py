@@ -45,7 +45,7 @@ def corpus_files(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, corpus_files):
     """prepare -> train six steps through the CLI; returns (data dir, run dir)."""
-    from attnkit.cli import main
+    from attnkit.cli.main import main
 
     root = tmp_path_factory.mktemp("cli")
     prefix = Path(corpus_files["train"][0]).with_suffix("")

@@ -31,7 +31,7 @@ def main() -> int:
             written.extend(os.fsdecode(args[i]) for i in CHANGES[event] if isinstance(args[i], str | bytes))
 
     sys.addaudithook(hook)
-    from attnkit.cli import main as attnkit_main
+    from attnkit.cli.main import main as attnkit_main
 
     code = attnkit_main(argv)
     report = "\n".join(os.path.abspath(p) for p in written)

@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from attnkit import config as cfgmod
-from attnkit.cli import main
+from attnkit.checkpoint import load_lm_checkpoint
+from attnkit.cli.main import main
 from attnkit.config import TransformerXLConfig
+from attnkit.decode.lm import generate
 from attnkit.errors import ConfigError
-from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window, load_lm_checkpoint
+from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
-from attnkit.models.transformer_xl import generate
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.train.lm_trainer import LMTrainer
 

@@ -11,17 +11,20 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit import bench_cli
-from attnkit.cli import main
-from attnkit.eval import bench, peers, speed
+from attnkit.bench import catalog, huggingface, workloads
+from attnkit.bench import measure as speed
+from attnkit.bench import runner as bench
+from attnkit.bench.attnkit_adapter import ATTNKIT
+from attnkit.cli import bench as bench_cli
+from attnkit.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY_MT = speed.MTShape(vocab=50, d_model=32, heads=2, ffn=64, layers=2, src_len=5, tgt_len=7, train_batch=3)
+TINY_MT = workloads.MTShape(vocab=50, d_model=32, heads=2, ffn=64, layers=2, src_len=5, tgt_len=7, train_batch=3)
 LABEL = bench.TOOLKIT_LABELS
 
 
-def mt_training_flops(s: speed.MTShape) -> int:
+def mt_training_flops(s: workloads.MTShape) -> int:
     """Hand count of one training step's matrix-product FLOPs (2 per multiply-add).
 
     Forward: encoder layers (fused QKV + output projection + FFN on S tokens, scores and weighted sum
@@ -52,7 +55,7 @@ def test_flop_counter_matches_hand_count_of_a_linear_layer():
 def test_mt_step_flops_match_the_analytical_count(dropout):
     shape = dataclasses.replace(TINY_MT, dropout=dropout)
     torch.manual_seed(0)
-    case = speed.mt_train_case(speed.ATTNKIT.mt, shape)
+    case = speed.mt_train_case(ATTNKIT.mt, shape)
     counted = speed.count_step_flops(case.model, lambda: case.loss(0, "float32"))
     assert counted == pytest.approx(mt_training_flops(shape), rel=0.01)
 
@@ -60,14 +63,14 @@ def test_mt_step_flops_match_the_analytical_count(dropout):
 def test_hugging_face_mt_step_has_the_same_count():
     pytest.importorskip("transformers")
     torch.manual_seed(0)
-    case = speed.mt_train_case(peers.HF_MT, TINY_MT)
+    case = speed.mt_train_case(huggingface.HF_MT, TINY_MT)
     counted = speed.count_step_flops(case.model, lambda: case.loss(0, "float32"))
     assert counted == pytest.approx(mt_training_flops(TINY_MT), rel=0.01)
 
 
 def test_train_throughput_reports_flop_rate():
     torch.manual_seed(0)
-    case = speed.mt_train_case(speed.ATTNKIT.mt, dataclasses.replace(TINY_MT, warmup=1, steps=2))
+    case = speed.mt_train_case(ATTNKIT.mt, dataclasses.replace(TINY_MT, warmup=1, steps=2))
     out = speed.train_throughput(case, 1, "float32")
     assert out["flops_per_step"] == pytest.approx(mt_training_flops(TINY_MT), rel=0.01)
     assert out["gflop_s"] == pytest.approx(out["flops_per_step"] / out["step_s"] / 1e9)
@@ -76,7 +79,7 @@ def test_train_throughput_reports_flop_rate():
 
 # --- WORKLOADS.md: shapes and data rules ---------------------------------------------------------
 def test_standard_shapes_are_the_documented_ones():
-    mt, lm = speed.STANDARD.mt, speed.STANDARD.lm
+    mt, lm = workloads.STANDARD.mt, workloads.STANDARD.lm
     assert (mt.vocab, mt.d_model, mt.heads, mt.ffn, mt.layers, mt.dropout) == (8000, 256, 4, 1024, 3, 0.1)
     assert (mt.train_batch, mt.src_len, mt.tgt_len, mt.warmup, mt.steps) == (64, 24, 24, 5, 20)
     assert (mt.greedy_batch, mt.beam_batch, mt.beam, mt.decode_runs) == (64, 16, 5, 3)
@@ -84,12 +87,12 @@ def test_standard_shapes_are_the_documented_ones():
     assert (lm.batch, lm.segment, lm.memory, lm.context, lm.warmup, lm.steps) == (32, 128, 384, 512, 5, 20)
     assert (lm.eval_tokens, lm.eval_warmup_segments, lm.eval_passes) == (16384, 8, 3)
     assert (lm.window_warmup, lm.windows) == (8, 256)
-    assert not speed.STANDARD.quick and speed.QUICK.quick
+    assert not workloads.STANDARD.quick and workloads.QUICK.quick
 
 
 @pytest.mark.parametrize("b", [64, 16])
 def test_mt_data_follows_the_generator_rule(b):
-    src, tgt_in, tgt = speed.mt_batch(b, speed.STANDARD.mt)
+    src, tgt_in, tgt = workloads.mt_batch(b, workloads.STANDARD.mt)
     g = torch.Generator().manual_seed(0)
     assert torch.equal(src, torch.randint(4, 8000, (b, 24), generator=g))
     assert torch.equal(tgt, torch.randint(4, 8000, (b, 24), generator=g))
@@ -97,30 +100,30 @@ def test_mt_data_follows_the_generator_rule(b):
 
 
 def test_lm_training_data_follows_the_generator_rule():
-    data = speed.lm_train_data(speed.STANDARD.lm)
+    data = workloads.lm_train_data(workloads.STANDARD.lm)
     n = 5 + 20
     assert torch.equal(data, torch.randint(0, 256, (32, n * 128 + 1), generator=torch.Generator().manual_seed(0)))
     for i in (0, 7, n - 1):
-        x, y = speed.lm_train_batch(data, i, 128)
+        x, y = workloads.lm_train_batch(data, i, 128)
         assert x.shape == y.shape == (32, 128)
         assert torch.equal(x, data[:, i * 128 : i * 128 + 128]) and torch.equal(y, data[:, i * 128 + 1 : i * 128 + 129])
 
 
 def test_lm_evaluation_data_follows_the_generator_rule():
-    ids = speed.lm_eval_data(speed.STANDARD.lm)
+    ids = workloads.lm_eval_data(workloads.STANDARD.lm)
     assert torch.equal(ids, torch.randint(0, 256, (16384 + 512 + 1,), generator=torch.Generator().manual_seed(1)))
 
 
 def test_xl_memory_is_carried_and_detached_in_training():
-    shape, seen = dataclasses.replace(speed.QUICK.lm, steps=4), []  # 5 batches of segment 16, memory 48
-    xl = speed.ATTNKIT.lm["xl"]
+    shape, seen = dataclasses.replace(workloads.QUICK.lm, steps=4), []  # 5 batches of segment 16, memory 48
+    xl = ATTNKIT.lm["xl"]
 
     def recording_forward(model, x, mems, s):
         seen.append(None if mems is None else (mems[0].size(1), any(m.requires_grad for m in mems)))
         return xl.forward(model, x, mems, s)
 
     torch.manual_seed(0)
-    case = speed.lm_train_case(speed.LMAdapter(xl.build, recording_forward, xl.notes), shape)
+    case = speed.lm_train_case(workloads.LMAdapter(xl.build, recording_forward, xl.notes), shape)
     for i in range(5):
         case.loss(i, "float32").backward()
     assert seen == [None, (16, False), (32, False), (48, False), (48, False)]
@@ -128,9 +131,9 @@ def test_xl_memory_is_carried_and_detached_in_training():
 
 # --- planning, skip notes, tables ------------------------------------------------------------------
 def test_cli_choices_follow_the_measurement_code():
-    assert set(bench_cli.WORKLOAD_CHOICES) == {*speed.WORKLOADS, *bench.GROUPS}
-    assert set(bench_cli.PEER_CHOICES) == set(peers.PEERS)
-    assert bench.expand_workloads(["lm", "mt-train"]) == ["mt-train", *bench.GROUPS["lm"]]
+    assert set(bench_cli.WORKLOAD_CHOICES) == {*catalog.WORKLOADS, *catalog.GROUPS}
+    assert set(bench_cli.PEER_CHOICES) == set(catalog.PEERS)
+    assert bench.expand_workloads(["lm", "mt-train"]) == ["mt-train", *catalog.GROUPS["lm"]]
 
 
 def fake_subprocess(toolkit: str, workloads: list[str], **kw) -> list[dict]:
@@ -144,7 +147,7 @@ def fake_subprocess(toolkit: str, workloads: list[str], **kw) -> list[dict]:
 
 
 def test_missing_peers_become_skip_notes(monkeypatch, capsys):
-    monkeypatch.setattr(peers, "installed", lambda name: False)
+    monkeypatch.setattr(bench, "installed", lambda name: False)
     monkeypatch.setattr(bench, "run_in_subprocess", fake_subprocess)
     workloads = ["mt-train", "lm-eval-xl", "lm-eval-vanilla"]
     rows = bench.annotate(bench.run_bench(workloads, ["huggingface", "xtransformers"], threads=1, quick=True))
@@ -164,7 +167,7 @@ def test_missing_peers_become_skip_notes(monkeypatch, capsys):
 
 
 def test_rounds_take_turns_and_report_each_rows_median_round(monkeypatch):
-    monkeypatch.setattr(peers, "installed", lambda name: True)
+    monkeypatch.setattr(bench, "installed", lambda name: True)
     calls: list[str] = []
     figures = {"attnkit": iter([30.0, 10.0, 20.0]), "xtransformers": iter([5.0, 7.0, 6.0])}
 
@@ -203,7 +206,7 @@ def test_peers_script_is_a_bench_shortcut():
     argv = module.bench_argv(["--family", "lm", "--dtype", "bfloat16"])
     assert argv[:6] == ["bench", "--workloads", "lm-train-xl", "lm-train-vanilla", "lm-eval-xl", "lm-eval-vanilla"]
     assert argv[-2:] == ["--dtype", "bfloat16"]
-    assert all(w in speed.WORKLOADS for w in module.bench_argv([])[2:9])  # every workload bench knows
+    assert all(w in catalog.WORKLOADS for w in module.bench_argv([])[2:9])  # every workload bench knows
     with pytest.raises(SystemExit):
         module.bench_argv(["--family", "lm", "--workloads", "greedy"])
 
@@ -217,18 +220,18 @@ def test_quick_bench_prints_every_row(tmp_path, capsys):
     assert text.startswith("**QUICK SMOKE RUN") and "### MT" in text and "### LM" in text
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["workload"] == "matmul-peak" and rows[0]["gflop_s"] > 0
-    assert len(rows) == 1 + len(speed.WORKLOADS) * (1 + len(peers.PEERS))
+    assert len(rows) == 1 + len(catalog.WORKLOADS) * (1 + len(catalog.PEERS))
     assert all(r["quick"] for r in rows)
     for r in rows[1:]:
-        label = bench.workload_label(r["workload"], speed.QUICK)
+        label = bench.workload_label(r["workload"], workloads.QUICK)
         assert f"| {label} | {LABEL[r['toolkit']]} |" in text  # every (workload, toolkit) has its row
         if r["toolkit"] == "attnkit":
             assert r["tok_s"] > 0 and r["torch"] == torch.__version__ and r["threads"] == 1, r
         else:
             assert "tok_s" in r or "skipped" in r or "error" in r
-    trains = [r for r in rows if r["workload"] in speed.TRAIN_WORKLOADS and r["toolkit"] == "attnkit"]
+    trains = [r for r in rows if r["workload"] in catalog.TRAIN_WORKLOADS and r["toolkit"] == "attnkit"]
     assert all(r["flops_per_step"] > 0 and r["pct_matmul_peak"] > 0 for r in trains)
-    if peers.installed("huggingface"):
+    if catalog.installed("huggingface"):
         hf_xl = [r for r in rows if r["toolkit"] == "huggingface" and r["workload"].endswith("-xl")]
         assert all("no Transformer-XL" in r["skipped"] for r in hf_xl)
     measured = sum(1 for r in rows if "skipped" not in r)

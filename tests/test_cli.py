@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.cli import main
+from attnkit.cli.main import main
 from conftest import SHARED_DATA
 
 
@@ -173,7 +173,7 @@ def test_interactive_translation_answers_line_by_line(capsys, monkeypatch, train
 
 
 def test_average_of_two_checkpoints_is_the_elementwise_mean(capsys, tmp_path, trained):
-    from attnkit.train.checkpoint import epoch_checkpoints, load_checkpoint
+    from attnkit.checkpoint import epoch_checkpoints, load_checkpoint
 
     data, _ = trained
     assert main(["train", "--data", data, "--out", tmp_path / "run", "--quiet", "--train.max_epochs=2",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.train.checkpoint import load_checkpoint
+from attnkit.checkpoint import load_checkpoint
 
 HERE = Path(__file__).resolve().parent
 TINY = ["--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--model.n_encoder_layers=2",

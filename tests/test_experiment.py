@@ -8,14 +8,16 @@ import math
 import pytest
 import torch
 
-from attnkit.cli import main
+from attnkit.checkpoint import load_checkpoint
+from attnkit.cli.main import main
 from attnkit.config import RNNConfig
 from attnkit.data import BOS_ID, EOS_ID, load_split, load_tokenizers, read_lines
 from attnkit.decode import Translator
 from attnkit.eval import score_corpus
-from attnkit.eval.experiments import bucket_scores, length_buckets, markdown_table, split_perplexity
+from attnkit.experiments.by_length import bucket_scores, length_buckets
+from attnkit.experiments.compare import split_perplexity
+from attnkit.experiments.tables import markdown_table
 from attnkit.models import build_model
-from attnkit.train.checkpoint import load_checkpoint
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

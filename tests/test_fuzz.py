@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from attnkit import config as cfgmod
-from attnkit.cli import main
+from attnkit.cli.main import main
 from attnkit.data import read_parallel
 from attnkit.errors import AttnkitError
 

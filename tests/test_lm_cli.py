@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from attnkit import config as cfgmod
-from attnkit.cli import main
+from attnkit.bench.lm_speed import format_speed_table, speed_table
+from attnkit.cli.main import main
 from attnkit.data.lm import EOS, UNK, LMVocab, load_lm_corpus, prepare_lm
-from attnkit.eval.lm import format_speed_table, speed_table
 from attnkit.train.lm_trainer import LMTrainer
 from conftest import SHARED_DATA
 

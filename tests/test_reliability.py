@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.cli import main
+from attnkit.checkpoint import load_checkpoint
+from attnkit.cli.main import main
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.train import base
 from attnkit.train import trainer as trainer_mod
 from attnkit.train.base import Interrupted
-from attnkit.train.checkpoint import load_checkpoint
 from attnkit.train.trainer import Trainer
 from conftest import tiny_run_config
 
@@ -225,7 +225,7 @@ def test_a_truncated_last_checkpoint_is_reported_and_training_goes_on_from_the_o
 
 def test_a_checkpoint_of_another_kind_gives_a_clear_error(tmp_path, capsys, trained):
     from attnkit import config as cfgmod
-    from attnkit.train.checkpoint import Checkpoint, save_checkpoint
+    from attnkit.checkpoint import Checkpoint, save_checkpoint
 
     _, run_dir = trained
     good = load_checkpoint(run_dir / "checkpoints" / "last.safetensors")

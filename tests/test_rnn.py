@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnkit.cli import main
+from attnkit.cli.main import main
 from attnkit.config import RNNConfig
 from attnkit.data import BOS_ID, EOS_ID, PAD_ID
 from attnkit.data.batching import Batch
@@ -275,7 +275,7 @@ def test_config_errors_are_one_line_config_errors():
 
 
 def test_train_translate_and_align_from_the_command_line(capsys, tmp_path, data_dir, corpus_files):
-    from attnkit.train.checkpoint import load_checkpoint
+    from attnkit.checkpoint import load_checkpoint
 
     run = tmp_path / "run"
     assert main(["train", "--config", "rnn-bahdanau", "--data", data_dir, "--out", run, "--quiet",

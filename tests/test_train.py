@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
+from attnkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from attnkit.models import Transformer
-from attnkit.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from attnkit.train.losses import label_smoothed_nll, smoothed_targets
 from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
 from attnkit.train.trainer import Trainer

@@ -11,9 +11,10 @@ import torch
 
 from attnkit.config import TransformerXLConfig
 from attnkit.data.lm import LMStreams
+from attnkit.decode.lm import generate
 from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
-from attnkit.models.transformer_xl import TransformerXL, generate
+from attnkit.models.transformer_xl import TransformerXL
 from attnkit.nn import sinusoid_table
 from attnkit.nn.relative import RelativeMultiHeadAttention, add_rel_shifted, rel_shift
 
@@ -310,7 +311,7 @@ def test_sampling_with_memory_equals_sampling_with_recomputation():
     n_new = 10
     fast = generate(model, prompt, n_new, mem_len=32, top_k=5, generator=torch.Generator().manual_seed(3))
     g, context = torch.Generator().manual_seed(3), prompt
-    from attnkit.decode.greedy import filter_logits
+    from attnkit.decode.search import filter_logits
 
     for _ in range(n_new):  # the whole context every step
         logits = model(context)[0][:, -1]

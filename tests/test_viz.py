@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnkit.cli import main
+from attnkit.cli.main import main
 from attnkit.data import BOS_ID, EOS_ID, collate
 from attnkit.decode import Translator
 from attnkit.nn import sinusoid_table
@@ -323,7 +323,7 @@ def test_cli_every_plot_verb(capsys, tmp_path, run_dir, data_dir):
 def test_cli_schedule_config_equals_make_schedule(tmp_path):
     import argparse
 
-    from attnkit.plot_cli import add_parsers, schedule_from_args
+    from attnkit.cli.plot import add_parsers, schedule_from_args
 
     sub = argparse.ArgumentParser().add_subparsers(dest="verb")
     add_parsers(sub)
@@ -385,7 +385,7 @@ def lm_runs(tmp_path_factory, lm_data) -> dict[str, Path]:
 
 def lm_reference(ckpt: Path, text: str, m: int):
     """Straight from the model: the first m characters read as memory, the rest with need_weights=True."""
-    from attnkit.eval.lm import load_lm_checkpoint
+    from attnkit.checkpoint import load_lm_checkpoint
 
     model, vocab, cfg = load_lm_checkpoint(ckpt)
     x = torch.as_tensor(vocab.encode([text])[:-1], dtype=torch.long)[None]  # (1, N), no end-of-line token

@@ -1,3 +1,3 @@
-from attnkit.cli import main
+from attnkit.cli.main import main
 
 raise SystemExit(main())

@@ -39,7 +39,7 @@ def _check_fractions(cfg: Any, *names: str) -> None:
 class TransformerConfig:
     """The encoder-decoder Transformer of Vaswani et al. (2017). Defaults are transformer-base."""
 
-    kind: str = "transformer"  # the model family; see MODEL_CONFIGS
+    kind: str = "transformer"  # the model family; see FAMILIES
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000
     d_model: int = 512
@@ -69,29 +69,54 @@ class TransformerConfig:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to train: optimisation, schedule, batching, budget and bookkeeping."""
+_SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")
 
-    max_tokens: int = 4096  # padded tokens per batch (per rank)
-    accumulate: int = 1  # batches per update
+
+@dataclass(frozen=True)
+class Optimisation:
+    """What every training run shares, declared and validated once: Adam(W), schedule, clipping, budget,
+    precision, compilation and bookkeeping. `TrainConfig` (seq2seq) and `LMTrainConfig` add their own
+    fields and change a few defaults (the papers' recipes differ)."""
+
     lr: float | None = None  # peak learning rate; None with noam = the paper's d^-0.5 formula
     schedule: str = "noam"  # noam | inverse_sqrt | cosine | constant
     warmup: int = 4000
-    max_steps: int = 0  # 0 = no limit; with cosine, the decay horizon
-    max_epochs: int = 20
-    max_minutes: float = 0.0  # wall-clock budget for the whole run (0 = none)
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0  # 0 = no clipping
+    clip_norm: float = 0.0  # 0 = no clipping (the norm is still checked: a non-finite gradient skips the update)
+    accumulate: int = 1  # batches (segments) per update
+    max_steps: int = 0  # 0 = no limit; with cosine, the decay horizon
+    max_minutes: float = 0.0  # wall-clock budget for the whole run (0 = none)
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
     compile: bool = False  # torch.compile the model's forward (and so its backward) for training
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
     seed: int = 1
     device: str = "auto"
     log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.schedule not in _SCHEDULES:
+            raise ConfigError(f"train.schedule must be one of {', '.join(_SCHEDULES)}, not {self.schedule!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"train.dtype must be float32 or bfloat16, not {self.dtype!r}")
+        if self.lr is not None and not 0.0 < self.lr < float("inf"):
+            raise ConfigError(f"train.lr must be a positive number, not {self.lr}")
+        if self.accumulate <= 0:
+            raise ConfigError("train.accumulate must be positive")
+        if min(self.warmup, self.max_steps) < 0 or self.clip_norm < 0 or self.max_minutes < 0:
+            raise ConfigError("train.warmup, max_steps, clip_norm and max_minutes must not be negative")
+        if self.schedule == "cosine" and self.max_steps <= 0:
+            raise ConfigError("the cosine schedule needs train.max_steps > 0 as its horizon")
+
+
+@dataclass(frozen=True)
+class TrainConfig(Optimisation):
+    """How to train a seq2seq model: token-budget batches, per-epoch evaluation, checkpoints to average."""
+
+    max_tokens: int = 4096  # padded tokens per batch (per rank)
+    max_epochs: int = 20
+    label_smoothing: float = 0.1
     eval_bleu: bool = True  # greedy BLEU on the dev set after every epoch
     eval_max_sentences: int = 0  # 0 = the whole dev set
     best_metric: str = "loss"  # loss | bleu
@@ -102,42 +127,21 @@ class TrainConfig:
     keep_epochs: int = 5  # per-epoch weights kept for `attnkit average` (0 = none)
 
     def __post_init__(self) -> None:
-        if self.schedule not in ("noam", "inverse_sqrt", "cosine", "constant"):
-            raise ConfigError(f"train.schedule must be noam, inverse_sqrt, cosine or constant, not {self.schedule!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"train.dtype must be float32 or bfloat16, not {self.dtype!r}")
+        super().__post_init__()
         if self.best_metric not in ("loss", "bleu"):
             raise ConfigError(f"train.best_metric must be loss or bleu, not {self.best_metric!r}")
-        if self.max_tokens <= 0 or self.accumulate <= 0:
-            raise ConfigError("train.max_tokens and train.accumulate must be positive")
-        if self.lr is not None and not 0.0 < self.lr < float("inf"):
-            raise ConfigError(f"train.lr must be a positive number, not {self.lr}")
-        if min(self.warmup, self.max_steps, self.max_epochs) < 0:
-            raise ConfigError("train.warmup, max_steps and max_epochs must not be negative")
-
-
-# Model kind -> its config dataclass. Every model config has a `kind` field, so a YAML `model:`
-# section (or a checkpoint's config) says which family it configures; families register here.
-MODEL_CONFIGS: dict[str, type] = {"transformer": TransformerConfig}
+        if self.max_tokens <= 0:
+            raise ConfigError("train.max_tokens must be positive")
+        if self.max_epochs < 0:
+            raise ConfigError("train.max_epochs must not be negative")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A seq2seq run: the model config of any registered kind (default the Transformer) + training."""
+    """A seq2seq run: the model config of any seq2seq family (default the Transformer) + training."""
 
     model: Any = field(default_factory=TransformerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-
-
-# Model kind -> the run config class its checkpoints hold (families with another training setup,
-# e.g. language models, register their own); unlisted kinds use RunConfig.
-RUN_CONFIGS: dict[str, type] = {}
-
-
-def model_config_class(kind: Any, where: str = "model.kind") -> type:
-    if not isinstance(kind, str) or kind not in MODEL_CONFIGS:
-        raise ConfigError(f"{where}: unknown model kind {kind!r} (known: {', '.join(sorted(MODEL_CONFIGS))})")
-    return MODEL_CONFIGS[kind]
 
 
 def _model_kind(data: dict) -> Any:
@@ -156,7 +160,7 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = dict(typing.get_type_hints(cls))
     if hints.get("model") is Any:  # a run config: the model section's `kind` picks its class
-        hints["model"] = model_config_class(_model_kind(data), f"{where + '.' if where else ''}model.kind")
+        hints["model"] = family(_model_kind(data), f"{where + '.' if where else ''}model.kind").config
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
@@ -295,8 +299,7 @@ def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type | None
         data = deep_merge(data, load_yaml(preset_path(p)))
     data = apply_overrides(data, list(overrides))
     if cls is None:
-        kind = _model_kind(data)
-        cls = RUN_CONFIGS.get(kind, RunConfig) if isinstance(kind, str) else RunConfig
+        cls = family(_model_kind(data)).run
     return from_dict(cls, data)
 
 
@@ -304,10 +307,7 @@ def replace(cfg: Any, **changes: Any) -> Any:
     return dataclasses.replace(cfg, **changes)
 
 
-# --- language models (issue 3): Transformer-XL and the vanilla Transformer LM -------------------------------------
-LM_KINDS = ("transformer-xl", "vanilla-lm")
-
-
+# --- language models: Transformer-XL and the vanilla Transformer LM -------------------------------------------------
 @dataclass(frozen=True)
 class TransformerXLConfig:
     """A decoder-only LM: Transformer-XL (Dai et al. 2019) or the vanilla LM (Al-Rfou et al. 2018).
@@ -336,8 +336,8 @@ class TransformerXLConfig:
     div_val: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in LM_KINDS:
-            raise ConfigError(f"model.kind must be one of {', '.join(LM_KINDS)}, not {self.kind!r}")
+        if self.kind not in kinds("lm"):
+            raise ConfigError(f"model.kind must be one of {', '.join(kinds('lm'))}, not {self.kind!r}")
         _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
@@ -362,9 +362,16 @@ class TransformerXLConfig:
 
 
 @dataclass(frozen=True)
-class LMTrainConfig:
-    """How to train and evaluate a language model on ordered streams."""
+class LMTrainConfig(Optimisation):
+    """How to train and evaluate a language model on ordered streams (Transformer-XL's recipe by default)."""
 
+    lr: float | None = 2.5e-4
+    schedule: str = "cosine"
+    warmup: int = 0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_norm: float = 0.25
+    max_steps: int = 1000
     tgt_len: int = 128  # segment length per update
     mem_len: int = 128  # XL memory kept per layer (ignored by the vanilla LM)
     eval_tgt_len: int = 0  # 0 = tgt_len
@@ -372,36 +379,15 @@ class LMTrainConfig:
     clamp_len: int = 0  # relative distances above this use R_clamp_len (0 = no clamping)
     batch_size: int = 32  # parallel streams
     eval_batch_size: int = 8
-    lr: float = 2.5e-4
-    schedule: str = "cosine"  # cosine | inverse_sqrt | constant
-    warmup: int = 0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_norm: float = 0.25  # 0 = no clipping
-    accumulate: int = 1  # consecutive segments per update
-    max_steps: int = 1000  # 0 = no limit (cosine needs it as its horizon)
-    max_minutes: float = 0.0  # wall-clock budget (0 = none)
-    dtype: str = "float32"  # float32 | bfloat16 (autocast)
-    compile: bool = False  # torch.compile the model's forward (and so its backward) for training
-    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
-    seed: int = 1
-    device: str = "auto"
     eval_interval: int = 200  # updates between validation passes (and `last` checkpoints)
     eval_max_tokens: int = 0  # cap on validation tokens per periodic pass (0 = the whole split)
-    log_every: int = 50
 
     def __post_init__(self) -> None:
-        if self.schedule not in ("cosine", "inverse_sqrt", "constant"):
-            raise ConfigError(f"train.schedule must be cosine, inverse_sqrt or constant, not {self.schedule!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"train.dtype must be float32 or bfloat16, not {self.dtype!r}")
-        if min(self.tgt_len, self.batch_size, self.eval_batch_size, self.accumulate, self.eval_interval) <= 0:
-            raise ConfigError("train.tgt_len, batch_size, eval_batch_size, accumulate, eval_interval must be positive")
+        super().__post_init__()
+        if min(self.tgt_len, self.batch_size, self.eval_batch_size, self.eval_interval) <= 0:
+            raise ConfigError("train.tgt_len, batch_size, eval_batch_size, eval_interval must be positive")
         if self.mem_len < 0 or self.clamp_len < 0 or self.eval_tgt_len < 0 or self.eval_mem_len < -1:
             raise ConfigError("train.mem_len, clamp_len, eval_tgt_len must be >= 0 (eval_mem_len >= -1)")
-        if self.schedule == "cosine" and self.max_steps <= 0:
-            raise ConfigError("the cosine schedule needs train.max_steps > 0 as its horizon")
 
     @property
     def eval_lengths(self) -> tuple[int, int]:
@@ -415,13 +401,6 @@ class LMRunConfig:
 
     model: TransformerXLConfig = field(default_factory=TransformerXLConfig)
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
-
-
-MODEL_CONFIGS.update({kind: TransformerXLConfig for kind in LM_KINDS})
-RUN_CONFIGS.update({kind: LMRunConfig for kind in LM_KINDS})
-
-
-RNN_KINDS = ("rnn-seq2seq", "rnn-bahdanau", "rnn-luong", "rnn-hard")
 
 
 @dataclass(frozen=True)
@@ -449,7 +428,7 @@ class RNNConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        choices = {"kind": RNN_KINDS, "cell": ("gru", "lstm"), "score": ("dot", "general"),
+        choices = {"kind": kinds("seq2seq", RNNConfig), "cell": ("gru", "lstm"), "score": ("dot", "general"),
                    "estimator": ("reinforce", "gumbel")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -470,4 +449,43 @@ class RNNConfig:
         return self.hidden
 
 
-MODEL_CONFIGS.update({kind: RNNConfig for kind in RNN_KINDS})
+# --- the model families ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Family:
+    """One model kind: how it is configured, trained, built and looked inside.
+
+    A YAML `model:` section (or a checkpoint's config) names its `kind`, which picks the config class and the
+    run config its checkpoints hold; `task` says which trainer, searches and attention views serve it;
+    `model` is the class in `attnkit.models.<module>` that builds it; `attention` lists the maps its
+    `attention(...)` (seq2seq) or `forward(..., need_weights=True)` (LM) returns, as `plot --kind` names them.
+    """
+
+    config: type
+    run: type
+    task: str  # seq2seq | lm
+    model: str  # "module:Class" inside attnkit.models
+    attention: tuple[str, ...]
+
+
+FAMILIES: dict[str, Family] = {
+    "transformer": Family(TransformerConfig, RunConfig, "seq2seq", "transformer:Transformer",
+                          ("encoder", "decoder", "cross")),
+    "rnn-seq2seq": Family(RNNConfig, RunConfig, "seq2seq", "rnn:RNNSeq2Seq", ()),  # a fixed vector: no attention
+    "rnn-bahdanau": Family(RNNConfig, RunConfig, "seq2seq", "rnn:BahdanauSeq2Seq", ("cross",)),
+    "rnn-luong": Family(RNNConfig, RunConfig, "seq2seq", "rnn:LuongSeq2Seq", ("cross",)),
+    "rnn-hard": Family(RNNConfig, RunConfig, "seq2seq", "rnn:HardAttentionSeq2Seq", ("cross",)),
+    "transformer-xl": Family(TransformerXLConfig, LMRunConfig, "lm", "transformer_xl:TransformerXL", ("self",)),
+    "vanilla-lm": Family(TransformerXLConfig, LMRunConfig, "lm", "transformer_xl:VanillaLM", ("self",)),
+}
+
+
+def family(kind: Any, where: str = "model.kind") -> Family:
+    """The family of a model kind; an unknown one is a one-line ConfigError naming `where`."""
+    if not isinstance(kind, str) or kind not in FAMILIES:
+        raise ConfigError(f"{where}: unknown model kind {kind!r} (known: {', '.join(sorted(FAMILIES))})")
+    return FAMILIES[kind]
+
+
+def kinds(task: str, config: type | None = None) -> tuple[str, ...]:
+    """The kinds of one task ("seq2seq" or "lm"), optionally only those configured by `config`."""
+    return tuple(k for k, f in FAMILIES.items() if f.task == task and config in (None, f.config))

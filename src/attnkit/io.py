@@ -105,5 +105,5 @@ def ensure_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
                            f"{needed / 2**20:,.0f} MiB: free some space or choose another --out")
 
 
-# Whether checkpoints that need pickle may be loaded (`--trust-checkpoint`); see attnkit.train.checkpoint.
+# Whether checkpoints that need pickle may be loaded (`--trust-checkpoint`); see attnkit.checkpoint.
 trust_pickle: contextvars.ContextVar[bool] = contextvars.ContextVar("trust_pickle", default=False)

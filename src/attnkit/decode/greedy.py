@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from attnkit.decode.search import Hypothesis, StepRules, max_lengths, row_argmax
+from attnkit.decode.search import Hypothesis, StepRules, filter_logits, max_lengths, row_argmax
 
 Pick = Callable[[torch.Tensor], torch.Tensor]  # constrained log-probs (A, V) -> chosen tokens (A,)
 
@@ -29,19 +29,6 @@ def sample(model, src: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     return left_to_right(model, src, pick, **kw)
-
-
-def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Keep the top-k tokens and the smallest set whose probability reaches top_p (Holtzman et al. 2020)."""
-    if top_k > 0:
-        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
-        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return logits
 
 
 @torch.inference_mode()

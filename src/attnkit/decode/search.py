@@ -93,6 +93,20 @@ class StepRules:
                 logp[row, banned] = float("-inf")
 
 
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Keep the top-k tokens and the smallest set whose probability reaches top_p (Holtzman et al. 2020)."""
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
+
+
+
 _BLOCK = 64  # entries per block in the block-maxima searches below
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnkit.checkpoint import load_checkpoint, model_from
 from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
@@ -18,9 +19,7 @@ from attnkit.decode.greedy import greedy_search, sample
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
-from attnkit.models import build_model
 from attnkit.runtime import configure_backends, resolve_device
-from attnkit.train.checkpoint import load_checkpoint, load_weights
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Translator:
         if "src" not in ckpt.tokenizers:
             raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model "
                                   "(language models run with `attnkit lm eval` / `lm generate`)")
-        model = load_weights(build_model(ckpt.kind, ckpt.config.model), ckpt, path)
+        model = model_from(ckpt, path)
         src_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])
         tgt_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["tgt"]) if "tgt" in ckpt.tokenizers else src_tok
         t = ckpt.config.train

@@ -1,4 +1,4 @@
-"""Language-model evaluation: loss, perplexity, bits per character, tokens/s, and the XL/vanilla speed table.
+"""Language-model evaluation: loss, perplexity, bits per character, tokens/s.
 
 N tokens, B streams, T segment length, M memory length, W window (vanilla attention length), V vocabulary.
 
@@ -8,7 +8,7 @@ Two ways to score a corpus:
   segment alone (fast, but the first tokens of every segment have little context).
 - `evaluate_sliding_window`: Al-Rfou et al.'s evaluation of the vanilla LM: every token is predicted
   from the W tokens before it, one prediction per window, everything recomputed — the cost the
-  Transformer-XL paper compares against (section 4.1, table 9) and `speed_table` measures.
+  Transformer-XL paper compares against (section 4.1, table 9) and `attnkit lm speed` measures.
 
 Both ask the model for per-token NLLs (`model(x, mems, targets=y)`), which an adaptive softmax computes
 without building the (B, T, V) distribution.
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.config import TransformerXLConfig, replace
 from attnkit.data.lm import LMStreams
-from attnkit.eval.speed import timed
 from attnkit.runtime import autocast
 
 
@@ -103,71 +101,3 @@ def evaluate_sliding_window(model, ids: torch.Tensor, *, window: int, batch_size
         with autocast(device, dtype):
             nll += model(x, targets=y)[0][:, -1].sum().item()  # (B, W) NLL, scored at the last position only
     return LMScores(nll, n - 1, time.perf_counter() - start)
-
-
-@dataclass
-class SpeedRow:
-    attn_len: int  # W = M + T
-    segment: int  # XL segment T
-    memory: int  # XL memory M
-    vanilla_ms: float  # per token, sliding window of W
-    xl_ms: float  # per token, segment T over memory M
-
-    @property
-    def ratio(self) -> float:
-        return self.vanilla_ms / self.xl_ms
-
-
-@torch.no_grad()
-def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 256, 512, 1024), *,
-                segment_fraction: float = 0.25, runs: int = 5, device: torch.device | str = "cpu") -> list[SpeedRow]:
-    """Per-token evaluation time of the vanilla sliding window vs Transformer-XL, per attention length W.
-
-    Vanilla: one forward pass over a window of W per predicted token (batch 1). XL: one segment of
-    T = W * segment_fraction over a full memory of M = W - T per T tokens (segment 128 + memory 384 at
-    W = 512, as the LM workload of ../shared/bench/WORKLOADS.md), as a stream carries it: the states and
-    the keys/values of the last M positions. Both models are built from `config`,
-    randomly initialised (speed does not depend on the weights); median of `runs` timed calls.
-    """
-    from attnkit.models import build_model
-
-    device = torch.device(device)
-    torch.manual_seed(0)
-    vanilla = build_model("vanilla-lm", replace(config, kind="vanilla-lm")).to(device).eval()
-    xl = build_model("transformer-xl", replace(config, kind="transformer-xl")).to(device).eval()
-    rows = []
-    for w in lengths:
-        t = max(1, int(w * segment_fraction))
-        m = w - t
-        window = torch.randint(config.vocab_size, (1, w), device=device)
-        vanilla_s = timed(lambda window=window: vanilla(window), 1, runs)
-        segment = torch.randint(config.vocab_size, (1, t), device=device)
-        # the memory as streaming evaluation carries it: the states and their keys/values of M positions
-        _, mems = xl(torch.randint(config.vocab_size, (1, m), device=device), mem_len=m)
-        xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs)
-        rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t))
-    return rows
-
-
-def format_speed_table(rows: list[SpeedRow]) -> str:
-    lines = ["| attention length | XL segment + memory | vanilla ms/token | XL ms/token | speed-up |",
-             "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.attn_len} | {r.segment} + {r.memory} | {r.vanilla_ms:.3f} | {r.xl_ms:.4f} | {r.ratio:.1f}x |"
-              for r in rows]
-    return "\n".join(lines)
-
-
-def load_lm_checkpoint(path, device: torch.device | str = "cpu"):
-    """(model in eval mode, LMVocab, LMRunConfig) from a checkpoint written by the LM trainer."""
-    from attnkit.config import LM_KINDS
-    from attnkit.data.lm import LMVocab
-    from attnkit.errors import CheckpointError
-    from attnkit.models import build_model
-    from attnkit.train.checkpoint import load_checkpoint, load_weights
-    from attnkit.train.lm_trainer import VOCAB_BLOB
-
-    ckpt = load_checkpoint(path)
-    if ckpt.kind not in LM_KINDS or VOCAB_BLOB not in ckpt.tokenizers:
-        raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a language model")
-    model = load_weights(build_model(ckpt.kind, ckpt.config.model), ckpt, path)
-    return model.to(device).eval(), LMVocab.from_bytes(ckpt.tokenizers[VOCAB_BLOB]), ckpt.config

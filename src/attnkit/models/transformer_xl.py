@@ -92,7 +92,7 @@ def _rename_legacy_keys(module: nn.Module, state_dict: dict, prefix: str, *args)
         state_dict[prefix + "softmax.bias"] = state_dict.pop(prefix + "out_bias")
 
 
-class _LanguageModel(nn.Module):
+class LanguageModel(nn.Module):
     """What both LMs share: scaled (adaptive) token embedding, dropout, final norm and the (tied, adaptive) output."""
 
     kind = ""
@@ -112,7 +112,7 @@ class _LanguageModel(nn.Module):
         self.register_load_state_dict_pre_hook(_rename_legacy_keys)
 
     @classmethod
-    def from_config(cls, config: TransformerXLConfig) -> _LanguageModel:
+    def from_config(cls, config: TransformerXLConfig) -> LanguageModel:
         if config.kind != cls.kind:
             raise ValueError(f"{cls.__name__} is built from kind {cls.kind!r}, not {config.kind!r}")
         return cls(config)
@@ -133,7 +133,7 @@ class _LanguageModel(nn.Module):
         return self.softmax.nll(h, self.output_words(), targets)
 
 
-class TransformerXL(_LanguageModel):
+class TransformerXL(LanguageModel):
     kind = "transformer-xl"
     _position_keys: tuple | None = None  # ((cache key, S, clamp_len), L x (H, S, Dh)): see position_keys
 
@@ -212,7 +212,7 @@ class TransformerXL(_LanguageModel):
             return Memory([torch.cat([old, h], dim=1)[:, -mem_len:].detach() for old, h in zip(mems, inputs)])
 
 
-class VanillaLM(_LanguageModel):
+class VanillaLM(LanguageModel):
     """The absolute-position causal Transformer LM; it has no memory (`new_mems` is always empty)."""
 
     kind = "vanilla-lm"
@@ -238,31 +238,3 @@ class VanillaLM(_LanguageModel):
             weights.append(w)
         out = self.output(h, targets)
         return (out, [], weights) if need_weights else (out, [])
-
-
-@torch.no_grad()
-def generate(model: _LanguageModel, prompt: torch.Tensor, n_new: int, *, mem_len: int, clamp_len: int = 0,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample n_new tokens after prompt (B, P) -> (B, n_new).
-
-    Transformer-XL reads the prompt once, then feeds one token per step with its memory of mem_len
-    (each new token costs one step, not a recomputation; the context is the memory). The vanilla LM
-    has no memory: every step recomputes its last mem_len tokens (its attention window).
-    """
-    from attnkit.decode.greedy import filter_logits
-
-    model.eval()
-    xl = isinstance(model, TransformerXL)
-    logits, mems = model(prompt[:, -mem_len:] if not xl else prompt, None, mem_len=mem_len, clamp_len=clamp_len)
-    context, out = prompt, []
-    for _ in range(n_new):
-        probs = filter_logits(logits[:, -1].float() / max(temperature, 1e-6), top_k, top_p).softmax(-1)  # (B, V)
-        token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-        out.append(token)
-        if xl:
-            logits, mems = model(token, mems, mem_len=mem_len, clamp_len=clamp_len)
-        else:
-            context = torch.cat([context, token], dim=1)[:, -mem_len:]  # (B, <= W)
-            logits, _ = model(context)
-    return torch.cat(out, dim=1)

@@ -26,11 +26,11 @@ import yaml
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
+from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_checkpoint
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
 from attnkit.runtime import configure_backends, resolve_device, seed_everything
-from attnkit.train.checkpoint import Checkpoint, load_checkpoint, load_weights, save_checkpoint
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.schedules import make_schedule

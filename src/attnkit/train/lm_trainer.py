@@ -30,14 +30,12 @@ import torch
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
+from attnkit.checkpoint import LM_VOCAB, Checkpoint
 from attnkit.data.lm import LMStreams, load_lm_corpus
 from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
-from attnkit.train.checkpoint import Checkpoint
-
-VOCAB_BLOB = "lm_vocab"  # the checkpoint's tokenizer entry holding the LMVocab
 
 
 @dataclass
@@ -72,7 +70,7 @@ class LMTrainer(TrainerBase):
         self.start(resume)
 
     def tokenizer_blobs(self) -> dict[str, bytes]:
-        return {VOCAB_BLOB: self.corpus.vocab.to_bytes()}
+        return {LM_VOCAB: self.corpus.vocab.to_bytes()}
 
     def restore(self, ckpt: Checkpoint) -> None:
         super().restore(ckpt)

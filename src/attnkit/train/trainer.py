@@ -16,13 +16,13 @@ import torch
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
+from attnkit.checkpoint import epoch_checkpoints
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, load_tokenizers, read_lines
 from attnkit.data.batching import Batch
 from attnkit.decode.translator import Translator
 from attnkit.eval import score_corpus
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
-from attnkit.train.checkpoint import epoch_checkpoints
 from attnkit.train.distributed import TrainingForward
 from attnkit.train.losses import label_smoothed_nll
 

@@ -1,7 +1,7 @@
 """Pictures drawn from values the models return: attention maps (PNG and an interactive page),
 positional encodings, schedules, training curves, the softmax-scaling argument and run reports."""
 
-from attnkit.viz.attention import ATTENTION_VIEWS, AttentionView, load_views, plot_attention, plot_attention_heads
+from attnkit.viz.attention import AttentionView, load_views, plot_attention, plot_attention_heads
 from attnkit.viz.curves import plot_curves, plot_schedule, read_metrics
 from attnkit.viz.figure import Plot
 from attnkit.viz.html import attention_html
@@ -11,7 +11,6 @@ from attnkit.viz.softmax import plot_softmax, softmax_scaling
 from attnkit.viz.stats import diagonal_stats
 
 __all__ = [
-    "ATTENTION_VIEWS",
     "AttentionView",
     "Plot",
     "attention_html",

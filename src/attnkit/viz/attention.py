@@ -4,22 +4,25 @@ Tq query length, Tk key length, H heads, L layers.
 
 Every model family hands its pictures over as `AttentionView`s (one per sentence): a dict of
 attention kinds, each a list over layers of (H, Tq, Tk) arrays, with the tokens that label the rows
-and columns. A family registers a loader in `ATTENTION_VIEWS` (checkpoint -> views) and the `plot`
-commands, the HTML page, `--stats` and report.html all work for it.
+and columns; `load_views` reads them from any checkpoint whose family (attnkit.config.FAMILIES) has
+attention, so the `plot` commands, the HTML page, `--stats` and report.html work for every family.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
+from attnkit.config import family
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
+from attnkit.decode import DecodeOptions, Translator
+from attnkit.decode.lm import generate
 from attnkit.errors import AttnkitError
 from attnkit.viz.figure import Plot, finish, subplots
 
@@ -144,7 +147,6 @@ def seq2seq_views(translator, sources: list[str], targets: list[str] | None = No
     among "encoder", "decoder", "cross". Decoder rows are labelled with the token each position
     predicts, decoder keys with the tokens it reads.
     """
-    from attnkit.decode.translator import DecodeOptions
 
     src_ids = translator.encode_sources(sources)
     if targets is not None and len(targets) != len(sources):
@@ -186,8 +188,6 @@ def _seq2seq_view(translator, maps: dict[str, list[np.ndarray]], row: int, sourc
 
 def seq2seq_loader(checkpoint: str | Path, sources: list[str], targets: list[str] | None,
                    device: str) -> list[AttentionView]:
-    from attnkit.decode import Translator
-
     return seq2seq_views(Translator.from_checkpoint(checkpoint, device=device), sources, targets)
 
 
@@ -237,8 +237,6 @@ def lm_views(model, vocab, cfg, texts: list[np.ndarray], mem_len: int | None = N
     over the M + T keys [memory | segment], `weights` L x (1, H, T, M + T) from `need_weights=True`.
     The output is the model's greedy continuation of the whole text.
     """
-    from attnkit.models.transformer_xl import generate
-
     device = next(model.parameters()).device
     clamp_len = cfg.train.clamp_len
     gen_mem = cfg.train.eval_lengths[1] if model.kind == "transformer-xl" else cfg.train.tgt_len
@@ -269,42 +267,28 @@ def lm_views(model, vocab, cfg, texts: list[np.ndarray], mem_len: int | None = N
 
 def lm_loader(checkpoint: str | Path, sources: list[str], targets: list[str] | None, device: str,
               mem_len: int | None = None) -> list[AttentionView]:
-    from attnkit.eval.lm import load_lm_checkpoint
-
     if targets is not None:
         raise AttnkitError("a language model reads one text: give --src (or --src-file) without --tgt")
     model, vocab, cfg = load_lm_checkpoint(checkpoint, device)
     return lm_views(model, vocab, cfg, [lm_encode(vocab, text) for text in sources], mem_len)
 
 
-# Model kind -> (checkpoint, sources, targets or None, device, **options) -> one AttentionView per source.
-# Seq2seq kinds with `attention(src, tgt_in)` need no entry; other families (language models) add theirs.
-# The one option so far: mem_len, the tokens of an LM's text that become its memory.
-ATTENTION_VIEWS: dict[str, Callable[..., list[AttentionView]]] = {
-    "transformer-xl": lm_loader,
-    "vanilla-lm": lm_loader,
-}
-
-
 def checkpoint_kind(checkpoint: str | Path) -> str:
-    from attnkit.train.checkpoint import load_checkpoint
-
     return load_checkpoint(checkpoint).kind
 
 
 def load_views(checkpoint: str | Path, sources: list[str], targets: list[str] | None = None,
                device: str = "cpu", *, mem_len: int | None = None) -> list[AttentionView]:
-    """The attention views of any model kind that returns its maps, read from its checkpoint."""
-    from attnkit.models import MODELS
-
+    """The attention views of any model kind that returns its maps, read from its checkpoint: language
+    models read each source as one text (`mem_len`: how many of its tokens become the memory), seq2seq
+    models translate each source (or read the given target) and return every map."""
     kind = checkpoint_kind(checkpoint)
-    if kind in ATTENTION_VIEWS:
-        options = {} if mem_len is None else {"mem_len": mem_len}
-        return ATTENTION_VIEWS[kind](checkpoint, sources, targets, device, **options)
-    model_class = MODELS[kind][0] if kind in MODELS else None
-    if model_class is None or not hasattr(model_class, "attention") or not hasattr(model_class, "init_state"):
-        raise AttnkitError(f"no attention pictures for model kind '{kind}' yet (seq2seq models need "
-                           "`attention(src, tgt_in)`; other kinds register in attnkit.viz.attention.ATTENTION_VIEWS)")
+    fam = family(kind, f"{checkpoint}: model kind")
+    if not fam.attention:
+        raise AttnkitError(f"a '{kind}' model has no attention to draw (it reads the source through one fixed "
+                           "vector)")
+    if fam.task == "lm":
+        return lm_loader(checkpoint, sources, targets, device, mem_len)
     if mem_len is not None:
         raise AttnkitError(f"--mem-len is for language models; a '{kind}' model has no memory")
     return seq2seq_loader(checkpoint, sources, targets, device)

@@ -70,13 +70,13 @@ def _checkpoint(run_dir: Path) -> Path | None:
 
 def _samples(run_dir: Path, data_dir: Path | None, n: int) -> str:
     """A few outputs with their attention: dev translations for seq2seq runs, validation snippets for LMs."""
-    from attnkit.config import LM_KINDS
+    from attnkit.config import family
     from attnkit.viz.attention import checkpoint_kind
 
     ckpt = _checkpoint(run_dir)
     if ckpt is None:
         return "<p>no checkpoint to sample.</p>"
-    if checkpoint_kind(ckpt) in LM_KINDS:  # language models read text, not sentence pairs
+    if family(checkpoint_kind(ckpt)).task == "lm":  # language models read text, not sentence pairs
         return _lm_samples(ckpt, data_dir, n)
     return _translation_samples(ckpt, data_dir, n)
 
@@ -103,8 +103,8 @@ def _translation_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
 
 def _lm_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
     """Evenly spaced snippets of the validation text: each one's self-attention and greedy continuation."""
+    from attnkit.checkpoint import load_lm_checkpoint
     from attnkit.data.lm import CORPUS_FILE, load_lm_corpus
-    from attnkit.eval.lm import load_lm_checkpoint
     from attnkit.viz.attention import LM_CONTINUATION, lm_views
 
     if data_dir is None or not (data_dir / CORPUS_FILE).is_file():

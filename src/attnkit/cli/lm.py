@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from attnkit.cli import add_checkpoint_option, add_train_options
+from attnkit.cli.options import add_checkpoint_option, add_train_options
 
 DEFAULT_PRESET = "lm-char-small"
 
@@ -92,7 +92,7 @@ def cmd_train(args, overrides: list[str]) -> None:
     from pathlib import Path
 
     from attnkit import config as cfgmod
-    from attnkit.train.checkpoint import load_checkpoint
+    from attnkit.checkpoint import load_checkpoint
     from attnkit.train.lm_trainer import LMTrainer
 
     last = Path(args.out) / "checkpoints" / "last.safetensors"
@@ -108,9 +108,10 @@ def cmd_train(args, overrides: list[str]) -> None:
 
 
 def cmd_eval(args, overrides: list[str]) -> None:
+    from attnkit.checkpoint import load_lm_checkpoint
     from attnkit.data.lm import load_lm_corpus
     from attnkit.errors import AttnkitError
-    from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window, load_lm_checkpoint
+    from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
     from attnkit.runtime import configure_backends, resolve_device
 
     device = resolve_device(args.device)
@@ -139,8 +140,8 @@ def cmd_eval(args, overrides: list[str]) -> None:
 def cmd_generate(args, overrides: list[str]) -> None:
     import torch
 
-    from attnkit.eval.lm import load_lm_checkpoint
-    from attnkit.models.transformer_xl import generate
+    from attnkit.checkpoint import load_lm_checkpoint
+    from attnkit.decode.lm import generate
     from attnkit.runtime import configure_backends, resolve_device
 
     device = resolve_device(args.device)
@@ -161,7 +162,7 @@ def cmd_speed(args, overrides: list[str]) -> None:
     import torch
 
     from attnkit import config as cfgmod
-    from attnkit.eval.lm import format_speed_table, speed_table
+    from attnkit.bench.lm_speed import format_speed_table, speed_table
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -8,7 +8,7 @@
 
 Workloads (../shared/bench/WORKLOADS.md): mt-train, mt-greedy, mt-beam5, lm-train-xl, lm-train-vanilla,
 lm-eval-xl, lm-eval-vanilla; groups: mt, lm, all. Each measurement runs in a fresh process; the
-logic lives in attnkit.eval.bench (plan, tables), attnkit.eval.speed (timing) and attnkit.eval.peers.
+logic lives in attnkit.bench: runner (plan, tables), measure (timing), one module per toolkit.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-WORKLOAD_CHOICES = ("all", "mt", "lm", "mt-train", "mt-greedy", "mt-beam5", "lm-train-xl", "lm-train-vanilla",
-                    "lm-eval-xl", "lm-eval-vanilla")
-PEER_CHOICES = ("huggingface", "xtransformers")
+from attnkit.bench.catalog import GROUPS, PEERS, WORKLOADS
+
+WORKLOAD_CHOICES = (*GROUPS, *WORKLOADS)
+PEER_CHOICES = tuple(PEERS)
 
 
 def add_parsers(sub) -> dict[str, Callable]:
@@ -47,8 +48,8 @@ def add_parsers(sub) -> dict[str, Callable]:
 def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> None:
     import json
 
+    from attnkit.bench.runner import annotate, expand_workloads, render, run_bench
     from attnkit.errors import AttnkitError
-    from attnkit.eval.bench import annotate, expand_workloads, render, run_bench
     from attnkit.io import atomic_write_text, ensure_new_output
 
     if args.threads < 1:

@@ -1,7 +1,7 @@
 """`attnkit bench`: the standard workloads (../shared/bench/WORKLOADS.md) for attnkit and its installed peers.
 
 The run plans one measurement per (workload, toolkit), starts each in a fresh interpreter
-(`python -m attnkit.eval.speed`, see there for what is timed and how), plus one for the machine's
+(`python -m attnkit.bench.measure`, see there for what is timed and how), plus one for the machine's
 matrix-product peak when a training workload is asked for, and renders one markdown table per
 workload family. Ratios compare toolkits within the same run, because the machines are noisy.
 
@@ -20,14 +20,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TextIO
 
-from attnkit.eval import peers as peer_mod
-from attnkit.eval.speed import QUICK, STANDARD, TRAIN_WORKLOADS, WORKLOADS, Shapes
+from attnkit.bench import measure
+from attnkit.bench.catalog import GROUPS, PEERS, TOOLKIT_LABELS, TRAIN_WORKLOADS, WORKLOADS, installed
+from attnkit.bench.workloads import QUICK, STANDARD, Shapes
 
-GROUPS = {"all": list(WORKLOADS), "mt": [w for w in WORKLOADS if w.startswith("mt-")],
-          "lm": [w for w in WORKLOADS if w.startswith("lm-")]}
 PRECISION = {"bfloat16": "training in bfloat16 (autocast), decoding and evaluation in float32"}
-TOOLKIT_LABELS = {"attnkit": "attnkit", "huggingface": "HF transformers", "xtransformers": "x-transformers",
-                  "machine": "machine"}
 
 
 @dataclass(frozen=True)
@@ -51,9 +48,9 @@ def expand_workloads(names: Iterable[str]) -> list[str]:
 def skip_reason(toolkit: str, workload: str) -> str:
     if toolkit == "attnkit":
         return ""
-    if not peer_mod.installed(toolkit):
-        return f"skipped: {peer_mod.PEERS[toolkit][1]} is not installed (pip install {peer_mod.PEERS[toolkit][1]})"
-    reason = peer_mod.NOT_MEASURED.get(toolkit, {}).get(workload, "")
+    if not installed(toolkit):
+        return f"skipped: {PEERS[toolkit].pip} is not installed (pip install {PEERS[toolkit].pip})"
+    reason = measure.toolkit(toolkit).missing.get(workload, "")
     return f"not measured: {reason}" if reason else ""
 
 
@@ -66,7 +63,7 @@ def plan(workloads: list[str], peers: list[str]) -> list[Cell]:
 def run_in_subprocess(toolkit: str, workloads: list[str], *, dtype: str = "float32", threads: int = 2,
                       quick: bool = False) -> list[dict]:
     """Measure in a fresh interpreter; one result per workload (an `error` row when the process died)."""
-    cmd = [sys.executable, "-m", "attnkit.eval.speed", "--toolkit", toolkit, "--workload", *workloads,
+    cmd = [sys.executable, "-m", "attnkit.bench.measure", "--toolkit", toolkit, "--workload", *workloads,
            "--threads", str(threads), "--dtype", dtype, *(["--quick"] if quick else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

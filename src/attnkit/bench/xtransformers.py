@@ -1,102 +1,24 @@
-"""The standard workloads through other toolkits: Hugging Face transformers and x-transformers.
+"""The standard workloads through x-transformers (`pip install x-transformers`, not an attnkit dependency).
 
-Neither is an attnkit dependency (`pip install transformers x-transformers`); `installed(peer)` checks
-without importing, and a missing peer becomes a skip note in the tables, never an error. Each peer
-keeps its own defaults where WORKLOADS.md is silent; `notes` says which.
-
-- transformers: MT = BartForConditionalGeneration at the workload's shape; LM vanilla = GPT2LMHeadModel
-  (learned absolute positions, context 512). transformers 5 has no Transformer-XL (TransfoXL was
-  deprecated in 4.35 and removed), so its XL rows are skipped.
-- x-transformers: MT = XTransformer; LM vanilla = TransformerWrapper + Decoder with absolute positions,
-  max_seq_len 512; LM XL = the same with `max_mem_len` (memory returned by `return_mems=True`, fed back
-  by `mems=`, detached) and T5-style relative position bias (`rel_pos_bias`, its defaults: 32 buckets,
-  max distance 128), the relative positions it offers with memory.
+MT = XTransformer; LM vanilla = TransformerWrapper + Decoder with absolute positions, max_seq_len 512; LM XL =
+the same with `max_mem_len` (memory returned by `return_mems=True`, fed back by `mems=`, detached) and
+T5-style relative position bias (`rel_pos_bias`, its defaults: 32 buckets, max distance 128), the relative
+positions it offers with memory. It keeps its own defaults where WORKLOADS.md is silent; `notes` says which.
 
 B batch, S source length, T target / segment length, V vocabulary, D model dim.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from attnkit.eval.speed import BOS, EOS, LMAdapter, LMShape, Mems, MTAdapter, MTShape, Toolkit
-
-PAD = 0
-PEERS: dict[str, tuple[str, str]] = {  # name -> (import name, pip name)
-    "huggingface": ("transformers", "transformers"),
-    "xtransformers": ("x_transformers", "x-transformers"),
-}
-HF_NO_XL = "transformers 5 has no Transformer-XL (TransfoXL was deprecated in 4.35 and removed in 5.x)"
-NOT_MEASURED = {"huggingface": {"lm-train-xl": HF_NO_XL, "lm-eval-xl": HF_NO_XL}}
+from attnkit.bench.catalog import version
+from attnkit.bench.workloads import BOS, PAD, LMAdapter, LMShape, Mems, MTAdapter, MTShape, Toolkit
 
 
-def installed(peer: str) -> bool:
-    return importlib.util.find_spec(PEERS[peer][0]) is not None
-
-
-def version(peer: str) -> str:
-    try:
-        return importlib.metadata.version(PEERS[peer][1])
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
-def peer_toolkit(name: str) -> Toolkit:
-    if name not in PEERS:
-        raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
-    if name == "huggingface":
-        return Toolkit(name, version(name), HF_MT, {"vanilla": HF_VANILLA}, NOT_MEASURED[name])
-    return Toolkit(name, version(name), XT_MT, {"vanilla": XT_VANILLA, "xl": XT_XL})
-
-
-# --- Hugging Face transformers ---------------------------------------------------------------------
-def hf_mt_build(s: MTShape) -> nn.Module:
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    cfg = BartConfig(vocab_size=s.vocab, d_model=s.d_model, encoder_layers=s.layers, decoder_layers=s.layers,
-                     encoder_attention_heads=s.heads, decoder_attention_heads=s.heads, encoder_ffn_dim=s.ffn,
-                     decoder_ffn_dim=s.ffn, dropout=s.dropout, attention_dropout=s.dropout,
-                     activation_dropout=s.dropout, max_position_embeddings=256, pad_token_id=PAD, bos_token_id=BOS,
-                     eos_token_id=EOS, decoder_start_token_id=BOS, forced_bos_token_id=None,
-                     forced_eos_token_id=None, scale_embedding=True, tie_word_embeddings=True)
-    return BartForConditionalGeneration(cfg)
-
-
-def hf_mt_logits(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=src, decoder_input_ids=tgt_in).logits  # (B, T, V)
-
-
-def hf_mt_generate(model: nn.Module, src: torch.Tensor, beam: int, n_new: int) -> torch.Tensor:
-    out = model.generate(input_ids=src, max_new_tokens=n_new, min_new_tokens=n_new, num_beams=beam, do_sample=False,
-                         length_penalty=1.0, early_stopping=False)  # (B, 1 + n_new)
-    return out[:, 1:]  # without the decoder start token
-
-
-def hf_lm_build(s: LMShape) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(vocab_size=s.vocab, n_positions=s.context, n_embd=s.d_model, n_layer=s.layers, n_head=s.heads,
-                     n_inner=s.ffn, resid_pdrop=s.dropout, embd_pdrop=s.dropout, attn_pdrop=s.dropout,
-                     bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=True)
-    return GPT2LMHeadModel(cfg)
-
-
-def hf_lm_forward(model: nn.Module, x: torch.Tensor, mems: Mems, s: LMShape) -> tuple[torch.Tensor, Mems]:
-    return model(input_ids=x, use_cache=False).logits, None  # (B, T, V)
-
-
-HF_MT = MTAdapter(hf_mt_build, hf_mt_logits, hf_mt_generate,
-                  "BartForConditionalGeneration: post-LN, GELU, learned positions, tied")
-HF_VANILLA = LMAdapter(hf_lm_build, hf_lm_forward,
-                       "GPT2LMHeadModel: pre-LN, GELU, learned absolute positions, tied")
-
-
-# --- x-transformers --------------------------------------------------------------------------------
 def xt_mt_build(s: MTShape) -> nn.Module:
     from x_transformers import XTransformer
 
@@ -178,3 +100,7 @@ XT_VANILLA = LMAdapter(xt_lm_build(False), xt_vanilla_forward,
 XT_XL = LMAdapter(xt_lm_build(True), xt_xl_forward,
                   "TransformerWrapper + Decoder, max_mem_len 384 (return_mems / mems=, detached), "
                   "T5 relative position bias (rel_pos_bias, 32 buckets, max distance 128), pre-LN, GELU, tied")
+
+
+def toolkit() -> Toolkit:
+    return Toolkit("xtransformers", version("xtransformers"), XT_MT, {"vanilla": XT_VANILLA, "xl": XT_XL})

@@ -2,12 +2,12 @@
 
 Every measurement runs in a fresh interpreter, so its peak RSS is its own:
 
-    python -m attnkit.eval.speed --toolkit attnkit --workload mt-train [--threads 2] [--dtype bfloat16] [--quick]
+    python -m attnkit.bench.measure --toolkit attnkit --workload mt-train [--threads 2] [--dtype bfloat16] [--quick]
 
 prints one JSON line per workload (`--workload` takes several, used by the quick smoke mode only);
-`attnkit.eval.bench` starts these processes and builds the tables. A toolkit is a set of adapters
+`attnkit.bench.runner` starts these processes and builds the tables. A toolkit is a set of adapters
 (build a model, get logits, generate), so one piece of code times every toolkit the same way:
-attnkit's adapters are here, the peers' in `attnkit.eval.peers`.
+attnkit's adapters are in `attnkit.bench.attnkit_adapter`, each peer's in a module of its own.
 
 Shapes: B batch, S source length, T target / segment length, M memory length, W vanilla window,
 V vocabulary, D model dim, N evaluation tokens.
@@ -24,125 +24,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import importlib
 import json
 import resource
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-BOS, EOS = 1, 2  # WORKLOADS.md: PAD 0, BOS 1, EOS 2, UNK 3
-# (family, what the row measures) per workload; peak RSS (MT (d)) is a column of every row.
-WORKLOADS: dict[str, tuple[str, str]] = {
-    "mt-train": ("mt", "(a) training, target tokens/s"),
-    "mt-greedy": ("mt", "(b) greedy decoding, generated tokens/s"),
-    "mt-beam5": ("mt", "(c) beam 5 decoding, generated tokens/s"),
-    "lm-train-xl": ("lm", "(a) training, XL, memory carried"),
-    "lm-train-vanilla": ("lm", "(a) training, vanilla"),
-    "lm-eval-xl": ("lm", "(b-XL) evaluation, segments + memory"),
-    "lm-eval-vanilla": ("lm", "(b-vanilla) evaluation, sliding window"),
-}
-TRAIN_WORKLOADS = ("mt-train", "lm-train-xl", "lm-train-vanilla")
-Mems = list[torch.Tensor] | None  # per layer (B, M, D), or whatever the toolkit carries
-
-
-# --- shapes ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MTShape:
-    """Workload MT: encoder-decoder, shared vocabulary, tied embeddings, dropout 0.1."""
-
-    vocab: int = 8000
-    d_model: int = 256
-    heads: int = 4
-    ffn: int = 1024
-    layers: int = 3  # encoder layers = decoder layers
-    dropout: float = 0.1
-    src_len: int = 24
-    tgt_len: int = 24  # training target length and the exact number of generated tokens
-    train_batch: int = 64
-    greedy_batch: int = 64
-    beam_batch: int = 16
-    beam: int = 5
-    warmup: int = 5
-    steps: int = 20
-    decode_runs: int = 3  # after one warm-up run
-
-
-@dataclass(frozen=True)
-class LMShape:
-    """Workload LM: character-level decoder-only; XL = segment + memory, vanilla = window of `context`."""
-
-    vocab: int = 256
-    d_model: int = 256
-    heads: int = 4
-    ffn: int = 1024
-    layers: int = 4
-    dropout: float = 0.1
-    batch: int = 32
-    segment: int = 128
-    memory: int = 384
-    context: int = 512  # = segment + memory: the XL attention length and the vanilla window
-    eval_tokens: int = 16384
-    eval_warmup_segments: int = 8
-    eval_passes: int = 3
-    window_warmup: int = 8
-    windows: int = 256
-    warmup: int = 5
-    steps: int = 20
-
-
-@dataclass(frozen=True)
-class Shapes:
-    mt: MTShape = field(default_factory=MTShape)
-    lm: LMShape = field(default_factory=LMShape)
-    matmul: tuple[int, ...] = (1024, 2048, 4096)  # n x n x n products; the fastest rate is the machine's peak
-    matmul_runs: int = 5  # after one warm-up
-    quick: bool = False
-
-
-STANDARD = Shapes()
-# The smoke mode: tiny shapes that exercise every code path in seconds. NOT the standard workloads.
-QUICK = Shapes(
-    MTShape(vocab=64, d_model=32, heads=2, ffn=64, layers=1, src_len=6, tgt_len=6, train_batch=4, greedy_batch=4,
-            beam_batch=2, warmup=1, steps=2, decode_runs=1),
-    LMShape(d_model=32, heads=2, ffn=64, layers=1, batch=2, segment=16, memory=48, context=64, eval_tokens=64,
-            eval_warmup_segments=1, eval_passes=1, window_warmup=1, windows=4, warmup=1, steps=2),
-    matmul=(128, 256), matmul_runs=3, quick=True)
-
-
-# --- data (WORKLOADS.md, "Synthetic data only") ----------------------------------------------------
-def mt_batch(b: int, shape: MTShape = MTShape()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """src (B, S), decoder input [BOS] + tgt[:, :-1] (B, T), labels tgt (B, T); ids 4 .. V-1."""
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, shape.vocab, (b, shape.src_len), generator=g)
-    tgt = torch.randint(4, shape.vocab, (b, shape.tgt_len), generator=g)
-    tgt_in = torch.cat([torch.full((b, 1), BOS), tgt[:, :-1]], 1)
-    return src, tgt_in, tgt
-
-
-def lm_train_data(shape: LMShape = LMShape()) -> torch.Tensor:
-    """(B, n*T + 1) byte streams for the n = warm-up + timed steps of the training workload."""
-    n = shape.warmup + shape.steps
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(0, shape.vocab, (shape.batch, n * shape.segment + 1), generator=g)
-
-
-def lm_train_batch(data: torch.Tensor, i: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step i: input columns [i*T, i*T+T) (B, T) and the same shifted by one as labels (B, T)."""
-    return data[:, i * t : i * t + t], data[:, i * t + 1 : i * t + t + 1]
-
-
-def lm_eval_data(shape: LMShape = LMShape()) -> torch.Tensor:
-    """(N + W + 1,) one stream: N scored tokens plus room for full windows."""
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(0, shape.vocab, (shape.eval_tokens + shape.context + 1,), generator=g)
+from attnkit.bench.catalog import PEERS, TRAIN_WORKLOADS, WORKLOADS
+from attnkit.bench.workloads import (
+    QUICK,
+    STANDARD,
+    LMAdapter,
+    LMShape,
+    MTAdapter,
+    MTShape,
+    Shapes,
+    Toolkit,
+    lm_eval_data,
+    lm_train_batch,
+    lm_train_data,
+    mt_batch,
+)
 
 
 # --- timing, memory, FLOPs -------------------------------------------------------------------------
@@ -212,91 +122,15 @@ def matmul_peak(shapes: Shapes, dtype: str) -> dict:
     return {"gflop_s": rates[best], "n": best, "gflop_s_by_n": rates, "dtype": dtype}
 
 
-# --- toolkits: what a workload needs from a library ------------------------------------------------
-@dataclass(frozen=True)
-class MTAdapter:
-    build: Callable[[MTShape], nn.Module]
-    logits: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # src (B, S), tgt_in (B, T) -> (B, T, V)
-    generate: Callable[[nn.Module, torch.Tensor, int, int], torch.Tensor]  # src (B, S), beam, n_new -> (B, n_new)
-    notes: str
-
-
-@dataclass(frozen=True)
-class LMAdapter:
-    build: Callable[[LMShape], nn.Module]
-    forward: Callable[[nn.Module, torch.Tensor, Mems, LMShape], tuple[torch.Tensor, Mems]]  # x (B, T) -> (B, T, V)
-    notes: str
-
-
-@dataclass(frozen=True)
-class Toolkit:
-    name: str
-    version: str
-    mt: MTAdapter | None = None
-    lm: dict[str, LMAdapter] = field(default_factory=dict)  # "xl" and/or "vanilla"
-    missing: dict[str, str] = field(default_factory=dict)  # workload -> why this toolkit cannot run it
-
-
-# --- attnkit's adapters ----------------------------------------------------------------------------
-def attnkit_mt_build(s: MTShape) -> nn.Module:
-    from attnkit.config import TransformerConfig
-    from attnkit.models import Transformer
-    from attnkit.runtime import configure_backends
-
-    configure_backends(torch.device("cpu"))  # as attnkit's trainers and Translator do
-    return Transformer(TransformerConfig(src_vocab_size=s.vocab, tgt_vocab_size=s.vocab, d_model=s.d_model,
-                                         n_heads=s.heads, d_ff=s.ffn, n_encoder_layers=s.layers,
-                                         n_decoder_layers=s.layers, dropout=s.dropout, attention_dropout=s.dropout,
-                                         activation_dropout=s.dropout))
-
-
-def attnkit_mt_generate(model: nn.Module, src: torch.Tensor, beam: int, n_new: int) -> torch.Tensor:
-    """Exactly n_new tokens per source (EOS blocked by min_len) -> (B, n_new)."""
-    from attnkit.decode import beam_search, greedy_search
-
-    kw = dict(max_len_a=0.0, max_len_b=n_new, min_len=n_new)
-    hyps = greedy_search(model, src, **kw) if beam == 1 else beam_search(model, src, beam=beam, **kw)
-    return torch.tensor([h[0].tokens for h in hyps])
-
-
-def attnkit_lm_build(kind: str) -> Callable[[LMShape], nn.Module]:
-    def build(s: LMShape) -> nn.Module:
-        from attnkit.config import TransformerXLConfig
-        from attnkit.models import build_model
-        from attnkit.runtime import configure_backends
-
-        configure_backends(torch.device("cpu"))
-        cfg = TransformerXLConfig(kind=kind, vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, d_ff=s.ffn,
-                                  n_layers=s.layers, dropout=s.dropout, attention_dropout=s.dropout,
-                                  max_positions=max(1024, s.context))
-        return build_model(kind, cfg)
-
-    return build
-
-
-def attnkit_lm_forward(model: nn.Module, x: torch.Tensor, mems: Mems, s: LMShape) -> tuple[torch.Tensor, Mems]:
-    return model(x, mems, mem_len=s.memory)  # logits (B, T, V), memory L x (B, <= M, D) (vanilla: [])
-
-
-ATTNKIT = Toolkit(
-    name="attnkit", version="",
-    mt=MTAdapter(attnkit_mt_build, lambda model, src, tgt_in: model(src, tgt_in), attnkit_mt_generate,
-                 "Transformer: post-LN, ReLU, sinusoidal positions, one table for source, target and output"),
-    lm={"xl": LMAdapter(attnkit_lm_build("transformer-xl"), attnkit_lm_forward,
-                        "TransformerXL: post-LN, ReLU, relative sinusoidal positions with u/v biases, tied"),
-        "vanilla": LMAdapter(attnkit_lm_build("vanilla-lm"), attnkit_lm_forward,
-                             "VanillaLM: post-LN, ReLU, absolute sinusoidal positions, tied")},
-)
-
-
 def toolkit(name: str) -> Toolkit:
+    """attnkit's adapters or a peer's, each in its own module of this package."""
     if name == "attnkit":
-        from attnkit import __version__
+        from attnkit.bench.attnkit_adapter import toolkit as attnkit_toolkit
 
-        return dataclasses.replace(ATTNKIT, version=__version__)
-    from attnkit.eval.peers import peer_toolkit
-
-    return peer_toolkit(name)
+        return attnkit_toolkit()
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+    return importlib.import_module(f"attnkit.bench.{PEERS[name].module}").toolkit()
 
 
 # --- training throughput ---------------------------------------------------------------------------
@@ -470,7 +304,8 @@ def notes_of(tk: Toolkit, workload: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m attnkit.eval.speed", description="one standard-workload measurement")
+    ap = argparse.ArgumentParser(prog="python -m attnkit.bench.measure",
+                                 description="one standard-workload measurement")
     ap.add_argument("--toolkit", required=True, help="attnkit, a peer name, or 'machine' for matmul-peak")
     ap.add_argument("--workload", nargs="+", required=True, choices=[*WORKLOADS, "matmul-peak"])
     ap.add_argument("--threads", type=int, default=2)

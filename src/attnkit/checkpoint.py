@@ -24,11 +24,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from attnkit import config as cfgmod
+from attnkit.data.lm import LMVocab
 from attnkit.errors import CheckpointError
 from attnkit.io import atomic_write_bytes, trust_pickle
+from attnkit.models import build_model
 
 FORMAT = "attnkit-checkpoint"
 VERSION = 1
+LM_VOCAB = "lm_vocab"  # the tokenizer entry of a language model's checkpoint: its LMVocab
 
 
 @dataclass
@@ -91,7 +94,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path} was written by a newer attnkit (checkpoint version {meta['version']})")
     kind = meta.get("kind", "")
     try:
-        config = cfgmod.from_dict(cfgmod.RUN_CONFIGS.get(kind, cfgmod.RunConfig), json.loads(meta["config"]))
+        config = cfgmod.from_dict(cfgmod.family(kind).run, json.loads(meta["config"]))
     except (cfgmod.ConfigError, json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"{path}: its config cannot be read by this attnkit ({e})") from None
     return Checkpoint(
@@ -114,7 +117,7 @@ def _load_trusted_pickle(path: Path) -> Checkpoint:
                               "where this file came from")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=False)
-        config = cfgmod.from_dict(cfgmod.RUN_CONFIGS.get(obj["kind"], cfgmod.RunConfig), obj["config"])
+        config = cfgmod.from_dict(cfgmod.family(obj["kind"]).run, obj["config"])
         return Checkpoint(kind=obj["kind"], config=config, model_state=obj["model_state"],
                           tokenizers=obj["tokenizers"], train_state=obj.get("train_state", {}))
     except (KeyError, TypeError, cfgmod.ConfigError) as e:
@@ -133,6 +136,19 @@ def load_weights(model: torch.nn.Module, ckpt: Checkpoint, path: str | Path) -> 
         raise CheckpointError(f"{path}: its weights do not fit a '{ckpt.kind}' model built from its own config "
                               f"({first[0].strip()})") from None
     return model
+
+
+def model_from(ckpt: Checkpoint, path: str | Path) -> torch.nn.Module:
+    """The model a checkpoint holds, built from its own kind and config, with its weights (on the CPU)."""
+    return load_weights(build_model(ckpt.kind, ckpt.config.model), ckpt, path)
+
+
+def load_lm_checkpoint(path: str | Path, device: torch.device | str = "cpu"):
+    """(model in eval mode, LMVocab, LMRunConfig) from a checkpoint written by the LM trainer."""
+    ckpt = load_checkpoint(path)
+    if cfgmod.family(ckpt.kind).task != "lm" or LM_VOCAB not in ckpt.tokenizers:
+        raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a language model")
+    return model_from(ckpt, path).to(device).eval(), LMVocab.from_bytes(ckpt.tokenizers[LM_VOCAB]), ckpt.config
 
 
 def _read_metadata(data: bytes) -> dict[str, str]:

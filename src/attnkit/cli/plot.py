@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.cli import add_checkpoint_option
+from attnkit.cli.options import add_checkpoint_option
 from attnkit.errors import AttnkitError
 
 HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
@@ -151,14 +151,14 @@ def _kind_paths(out: Path, kinds: list[str]) -> dict[str, Path]:
 
 
 def attention_stats_cmd(args) -> None:
-    from attnkit.config import LM_KINDS
+    from attnkit.config import family
     from attnkit.viz.attention import checkpoint_kind, load_views
     from attnkit.viz.stats import diagonal_stats
 
     if args.html:
         raise AttnkitError("--stats prints a table; draw the --html page in a separate call")
     kind = checkpoint_kind(args.checkpoint)
-    if kind in LM_KINDS:
+    if family(kind).task == "lm":
         raise AttnkitError(f"--stats measures how diagonal encoder-decoder attention is; a {kind} language model "
                            "has none (draw its self-attention without --stats)")
     if args.mem_len is not None:

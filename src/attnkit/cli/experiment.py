@@ -3,7 +3,7 @@
     attnkit experiment compare --data DIR --out DIR --models rnn-seq2seq rnn-bahdanau transformer-small --minutes 45
     attnkit experiment by-length --data DIR --out DIR --checkpoints RUN1/checkpoints/best.safetensors ...
 
-The logic lives in attnkit.eval.experiments; this module only parses.
+The logic lives in attnkit.experiments (compare, by_length); this module only parses.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.cli import add_decode_options, add_trust_option, decode_options
+from attnkit.cli.options import add_decode_options, add_trust_option, decode_options
 from attnkit.errors import AttnkitError
 
 
@@ -58,7 +58,7 @@ def cmd_experiment(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
-    from attnkit.eval.experiments import compare_models
+    from attnkit.experiments.compare import compare_models
 
     results = compare_models(args.models, args.data, args.out, overrides=overrides, minutes=args.minutes,
                              options=decode_options(args), force=args.force, reuse=args.reuse,
@@ -69,7 +69,7 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_by_length(args: argparse.Namespace, overrides: list[str]) -> None:
     from attnkit.data import read_lines, read_parallel
-    from attnkit.eval.experiments import bleu_by_length, checkpoint_label
+    from attnkit.experiments.by_length import bleu_by_length, checkpoint_label
 
     if args.data and (args.src or args.ref):
         raise AttnkitError("by-length: give --data, or --src and --ref, not both")

@@ -1,0 +1,65 @@
+"""The evaluation speed of Transformer-XL against the vanilla LM's sliding window, per attention length
+(`attnkit lm speed`; the Transformer-XL paper's table 9).
+
+W attention length, T XL segment, M XL memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnkit.bench.measure import timed
+from attnkit.config import TransformerXLConfig, replace
+from attnkit.models import build_model
+
+
+@dataclass
+class SpeedRow:
+    attn_len: int  # W = M + T
+    segment: int  # XL segment T
+    memory: int  # XL memory M
+    vanilla_ms: float  # per token, sliding window of W
+    xl_ms: float  # per token, segment T over memory M
+
+    @property
+    def ratio(self) -> float:
+        return self.vanilla_ms / self.xl_ms
+
+
+@torch.no_grad()
+def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 256, 512, 1024), *,
+                segment_fraction: float = 0.25, runs: int = 5, device: torch.device | str = "cpu") -> list[SpeedRow]:
+    """Per-token evaluation time of the vanilla sliding window vs Transformer-XL, per attention length W.
+
+    Vanilla: one forward pass over a window of W per predicted token (batch 1). XL: one segment of
+    T = W * segment_fraction over a full memory of M = W - T per T tokens (segment 128 + memory 384 at
+    W = 512, as the LM workload of ../shared/bench/WORKLOADS.md), as a stream carries it: the states and
+    the keys/values of the last M positions. Both models are built from `config`,
+    randomly initialised (speed does not depend on the weights); median of `runs` timed calls.
+    """
+    device = torch.device(device)
+    torch.manual_seed(0)
+    vanilla = build_model("vanilla-lm", replace(config, kind="vanilla-lm")).to(device).eval()
+    xl = build_model("transformer-xl", replace(config, kind="transformer-xl")).to(device).eval()
+    rows = []
+    for w in lengths:
+        t = max(1, int(w * segment_fraction))
+        m = w - t
+        window = torch.randint(config.vocab_size, (1, w), device=device)
+        vanilla_s = timed(lambda window=window: vanilla(window), 1, runs)
+        segment = torch.randint(config.vocab_size, (1, t), device=device)
+        # the memory as streaming evaluation carries it: the states and their keys/values of M positions
+        _, mems = xl(torch.randint(config.vocab_size, (1, m), device=device), mem_len=m)
+        xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs)
+        rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t))
+    return rows
+
+
+def format_speed_table(rows: list[SpeedRow]) -> str:
+    lines = ["| attention length | XL segment + memory | vanilla ms/token | XL ms/token | speed-up |",
+             "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.attn_len} | {r.segment} + {r.memory} | {r.vanilla_ms:.3f} | {r.xl_ms:.4f} | {r.ratio:.1f}x |"
+              for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The `attnkit` command line: `attnkit.cli.main:main`, one module per verb group."""

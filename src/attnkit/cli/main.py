@@ -1,0 +1,61 @@
+"""The `attnkit` command: parses arguments and calls one function per verb.
+
+Config overrides are dotted: `attnkit train ... --model.d_model=256 --train.lr 1e-3`.
+User mistakes print one line `attnkit: error: ...` and exit with code 2.
+Each verb group lives in its own module (seq2seq, translate, lm, plot, experiment, bench) and imports
+torch and the models only when one of its verbs runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from attnkit.cli import bench, experiment, lm, plot, seq2seq, translate
+from attnkit.cli.options import split_overrides
+from attnkit.errors import AttnkitError
+from attnkit.io import trust_pickle
+
+VERB_GROUPS = (seq2seq, translate, lm, plot, experiment, bench)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    """The parser of every verb, and verb -> the function that runs it."""
+    p = argparse.ArgumentParser(prog="attnkit", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    commands: dict = {}
+    for group in VERB_GROUPS:
+        commands.update(group.add_parsers(sub))
+    return p, commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser, commands = build_parser()
+    try:
+        rest, overrides = split_overrides(argv)
+        args = parser.parse_args(rest)
+        if overrides and not getattr(args, "takes_overrides", False):
+            raise AttnkitError(f"config overrides ({overrides[0]}) only apply to verbs that train")
+        trust = trust_pickle.set(getattr(args, "trust_checkpoint", False))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("default")
+                commands[args.verb](args, overrides)
+        finally:
+            trust_pickle.reset(trust)
+    except AttnkitError as e:
+        code = getattr(e, "exit_code", 2)  # 2: a usage error; 128 + N: training stopped by signal N
+        print(f"attnkit: {'error: ' if code == 2 else ''}{e}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print("attnkit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

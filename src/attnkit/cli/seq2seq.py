@@ -1,0 +1,96 @@
+"""`attnkit demo | prepare | train | average`: the seq2seq workflow from a parallel corpus to a checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from attnkit.cli.options import add_train_options, add_trust_option
+from attnkit.errors import AttnkitError
+
+
+def add_parsers(sub) -> dict[str, Callable]:
+    d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo")
+    d.set_defaults(takes_overrides=True)
+    d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
+    d.add_argument("--n-train", type=int, default=24000)
+    d.add_argument("--n-eval", type=int, default=1000)
+    d.add_argument("--force", action="store_true", help="overwrite an existing demo folder")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    pr = sub.add_parser("prepare", help="train a sentencepiece vocabulary and encode a parallel corpus")
+    pr.add_argument("--src", required=True, help="source language suffix, e.g. de")
+    pr.add_argument("--tgt", required=True, help="target language suffix, e.g. en")
+    pr.add_argument("--train", required=True, help="file prefix: PREFIX.SRC and PREFIX.TGT (or .gz)")
+    pr.add_argument("--valid", help="dev set prefix")
+    pr.add_argument("--test", help="test set prefix")
+    pr.add_argument("--out", required=True, help="folder for the vocabulary and encoded splits")
+    pr.add_argument("--vocab-size", type=int, default=8000)
+    pr.add_argument("--model-type", default="bpe", choices=["bpe", "unigram", "char", "word"])
+    pr.add_argument("--separate-vocab", action="store_true", help="one vocabulary per language")
+    pr.add_argument("--max-src-len", type=int, default=256, help="drop training pairs longer than this")
+    pr.add_argument("--max-tgt-len", type=int, default=256)
+    pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
+
+    t = sub.add_parser("train", help="train a seq2seq model (Transformer, rnn-*) on a prepared corpus")
+    add_train_options(t, "attnkit prepare", "transformer-small")
+
+    av = sub.add_parser("average", help="average the weights of several checkpoints into a new one")
+    av.add_argument("checkpoints", nargs="*", help="checkpoint files (or use --run and --last)")
+    av.add_argument("--run", help="run folder whose epoch checkpoints to average")
+    av.add_argument("--last", type=int, default=5, help="with --run: how many of the latest epochs")
+    av.add_argument("--out", required=True, help="the averaged checkpoint to write")
+    av.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    add_trust_option(av)
+
+    return {"demo": cmd_demo, "prepare": cmd_prepare, "train": cmd_train, "average": cmd_average}
+
+
+def cmd_demo(args, overrides: list[str]) -> None:
+    from attnkit.demo import run_demo
+
+    result = run_demo(args.out, overrides=overrides, n_train=args.n_train, n_eval=args.n_eval,
+                      force=args.force, progress=not args.quiet)
+    print(f"\ntest set: {result.scores.summary()}")
+    print(result.scores.signature)
+    for src, hyp, ref in result.samples:
+        print(f"  {src}\n    -> {hyp}{'' if hyp == ref else f'   (reference: {ref})'}")
+    print(f"attention heatmap: {result.heatmap}\ncheckpoint: {result.checkpoint}")
+
+
+def cmd_prepare(args, overrides: list[str]) -> None:
+    from attnkit.data import prepare, resolve_prefix
+
+    def pair(prefix: str | None):
+        return None if prefix is None else (resolve_prefix(prefix, args.src), resolve_prefix(prefix, args.tgt))
+
+    report = prepare(args.out, pair(args.train), pair(args.valid), pair(args.test), vocab_size=args.vocab_size,
+                     joint=not args.separate_vocab, model_type=args.model_type, max_src_len=args.max_src_len,
+                     max_tgt_len=args.max_tgt_len, force=args.force)
+    print(report.summary())
+    print(f"wrote {args.out}")
+
+
+def cmd_train(args, overrides: list[str]) -> None:
+    from attnkit import config as cfgmod
+    from attnkit.train.trainer import Trainer
+
+    cfg = cfgmod.resolve(args.config or ["transformer-small"], overrides)
+    if not isinstance(cfg, cfgmod.RunConfig):
+        raise AttnkitError(f"--config {' '.join(args.config)} configures a '{cfg.model.kind}' language model: "
+                           "train it with `attnkit lm train`")
+    trainer = Trainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet)
+    metrics = trainer.fit()
+    print(" | ".join(f"{k} {v:.3f}" for k, v in metrics.items()) or "no dev set: no metrics")
+    print(f"checkpoints: {trainer.last_path.parent}")
+
+
+def cmd_average(args, overrides: list[str]) -> None:
+    from attnkit.checkpoint import average_checkpoints, epoch_checkpoints
+    from attnkit.io import ensure_new_output
+
+    ensure_new_output(args.out, args.force, "output file")
+    paths = list(args.checkpoints) or (epoch_checkpoints(args.run)[-args.last :] if args.run else [])
+    if not paths:
+        raise AttnkitError("average: name checkpoint files, or --run DIR with epoch checkpoints")
+    average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints into {args.out}: " + ", ".join(str(p) for p in paths))

@@ -1,0 +1,1 @@
+"""Experiments that train, evaluate and draw: model families compared on one budget, BLEU by source length."""

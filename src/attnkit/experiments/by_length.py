@@ -1,0 +1,118 @@
+"""`attnkit experiment by-length`: corpus BLEU per source-length bucket for several checkpoints, one line per
+model (`by_length.csv`, `by_length.md`, `by_length.png`): the fixed-vector encoder-decoder degrades as
+sentences grow, attention does not (Bahdanau et al. 2015, figure 2).
+
+Source length is counted in whitespace-separated words of the raw source, as in the papers, or in
+subword pieces (for compounding languages, or corpora of one-word sentences).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from attnkit.decode import DecodeOptions, Translator
+from attnkit.errors import AttnkitError
+from attnkit.eval.bleu import score_corpus
+from attnkit.experiments.tables import write_table
+from attnkit.viz.figure import finish, subplots
+
+SPLITS = {"dev": "valid", "test": "test"}  # table prefix -> split name in a prepared data folder
+
+
+# --- BLEU by source length ----------------------------------------------------------------------
+def length_buckets(lengths: Sequence[int], n_buckets: int = 5, edges: Sequence[int] | None = None
+                   ) -> list[tuple[int, int]]:
+    """Inclusive (shortest, longest) source-length ranges covering `lengths`.
+
+    With `edges` the buckets end at those lengths (10, 20 -> up to 10, 11-20, 21 and more); without,
+    at quantiles, so that each bucket holds about as many sentences (ties keep a length in one bucket).
+    """
+    if not len(lengths):
+        raise AttnkitError("by-length: no sentences to bucket")
+    if n_buckets < 1:
+        raise AttnkitError(f"by-length: --buckets must be at least 1, not {n_buckets}")
+    lo, hi = int(min(lengths)), int(max(lengths))
+    if edges is None:
+        qs = np.quantile(np.asarray(lengths), np.linspace(0, 1, n_buckets + 1)[1:-1], method="lower")
+        edges = [int(q) for q in qs]
+    bounds, start = [], lo
+    for edge in sorted(set(int(e) for e in edges)):
+        if start <= edge < hi:
+            bounds.append((start, edge))
+            start = edge + 1
+    return bounds + [(start, hi)]
+
+
+def bucket_label(bucket: tuple[int, int]) -> str:
+    return str(bucket[0]) if bucket[0] == bucket[1] else f"{bucket[0]}-{bucket[1]}"
+
+
+def bucket_scores(lengths: Sequence[int], hyps: Sequence[str], refs: Sequence[str],
+                  buckets: Sequence[tuple[int, int]]) -> list[dict]:
+    """Corpus BLEU of the sentences in each bucket: [{"bucket", "sentences", "bleu", "bleu_lc"}]."""
+    out = []
+    for bucket in buckets:
+        idx = [i for i, n in enumerate(lengths) if bucket[0] <= n <= bucket[1]]
+        if not idx:
+            out.append({"bucket": bucket, "sentences": 0, "bleu": float("nan"), "bleu_lc": float("nan")})
+            continue
+        s = score_corpus([hyps[i] for i in idx], [refs[i] for i in idx])
+        out.append({"bucket": bucket, "sentences": len(idx), "bleu": s.bleu, "bleu_lc": s.bleu_lc})
+    return out
+
+
+def checkpoint_label(path: str | Path) -> str:
+    """RUN/checkpoints/best.safetensors -> RUN's folder name; other files -> their stem."""
+    path = Path(path)
+    return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+
+
+def bleu_by_length(checkpoints: dict[str, str | Path], sources: list[str], refs: list[str], out_dir: str | Path,
+                   *, options: DecodeOptions | None = None, n_buckets: int = 5, edges: Sequence[int] | None = None,
+                   unit: str = "words", metric: str = "bleu", device: str = "auto",
+                   say: Callable[[str], None] = print) -> dict[str, list[dict]]:
+    """Translate `sources` with each checkpoint (label -> path); BLEU per source-length bucket, table + chart.
+
+    unit: "words" (whitespace-separated) or "pieces" (subwords of the first checkpoint's tokenizer).
+    """
+    if len(sources) != len(refs):
+        raise AttnkitError(f"by-length: {len(sources)} sources but {len(refs)} references (not line-aligned)")
+    translators = {label: Translator.from_checkpoint(path, device=device) for label, path in checkpoints.items()}
+    if unit == "pieces":
+        lengths = [len(ids) for ids in next(iter(translators.values())).src_tok.encode(sources)]
+    else:
+        lengths = [len(s.split()) for s in sources]
+    buckets = length_buckets(lengths, n_buckets, edges)
+    results = {}
+    for label, translator in translators.items():
+        say(f"translating {len(sources)} sentences with {label} ({checkpoints[label]})")
+        results[label] = bucket_scores(lengths, translator.translate_texts(sources, options=options), refs, buckets)
+    first = next(iter(results.values()))
+    header = [f"source {unit}", "sentences"] + [f"{label} {m}" for label in results for m in ("bleu", "bleu_lc")]
+    rows = [[bucket_label(b["bucket"]), b["sentences"]]
+            + [results[label][i][m] for label in results for m in ("bleu", "bleu_lc")]
+            for i, b in enumerate(first)]
+    out_dir = Path(out_dir)
+    write_table(out_dir, "by_length", header, rows)
+    plot_by_length(results, out_dir / "by_length.png", metric, unit)
+    return results
+
+
+def plot_by_length(results: dict[str, list[dict]], path: Path, metric: str = "bleu", unit: str = "words") -> None:
+    """One line per model: BLEU against the source-length bucket."""
+    fig, axes = subplots(1, 1, 6.0, 3.8)
+    ax = axes[0, 0]
+    first = next(iter(results.values()))
+    x = np.arange(len(first))
+    for label, scores in results.items():
+        ax.plot(x, [s[metric] for s in scores], marker="o", label=label)
+    ax.set_xticks(x, [f"{bucket_label(s['bucket'])}\n({s['sentences']})" for s in first], fontsize=8)
+    ax.set_xlabel(f"source length in {unit} (sentences)")
+    ax.set_ylabel("sacreBLEU" + (" (lowercased)" if metric == "bleu_lc" else ""))
+    ax.set_title("BLEU by source length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    finish(fig, {}, path, dpi=110)

@@ -1,0 +1,144 @@
+"""`attnkit experiment compare`: train several model families on one corpus and budget, then tabulate them.
+
+For each preset: parameters, training time, dev/test BLEU and perplexity (`compare.csv`, `compare.md`,
+`compare.png`), every model trained on the same prepared data under the same wall-clock budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnkit import config as cfgmod
+from attnkit.data import TokenBatchSampler, iterate_batches, load_split, read_lines
+from attnkit.decode import DecodeOptions, Translator, score_targets
+from attnkit.errors import AttnkitError
+from attnkit.eval.bleu import score_corpus
+from attnkit.experiments.tables import cell, write_table
+from attnkit.viz.figure import finish, subplots
+
+SPLITS = {"dev": "valid", "test": "test"}  # table prefix -> split name in a prepared data folder
+
+
+# --- compare ------------------------------------------------------------------------------------
+@dataclass
+class ModelResult:
+    name: str
+    kind: str
+    parameters: int
+    train_minutes: float
+    steps: int
+    dev_bleu: float = float("nan")
+    dev_bleu_lc: float = float("nan")
+    dev_ppl: float = float("nan")
+    test_bleu: float = float("nan")
+    test_bleu_lc: float = float("nan")
+    test_ppl: float = float("nan")
+    checkpoint: str = ""
+
+
+@torch.no_grad()
+def split_perplexity(model: torch.nn.Module, data_dir: str | Path, split: str, *, max_tokens: int = 4096,
+                     device: torch.device | str = "cpu") -> float:
+    """exp(mean NLL per target token, EOS included) of a prepared split under teacher forcing."""
+    data = load_split(data_dir, split)
+    sampler = TokenBatchSampler(data.src_lens, data.tgt_lens, max_tokens, shuffle=False)
+    model.eval()
+    logp = tokens = 0.0
+    for batch in iterate_batches(data, sampler.batches(0)):
+        batch = batch.to(device)
+        logp += float(score_targets(model, batch.src, batch.tgt_in, batch.tgt_out).sum())
+        tokens += batch.n_tokens
+    return math.exp(min(-logp / max(tokens, 1), 50.0))
+
+
+def evaluate_checkpoint(path: Path, data_dir: Path, options: DecodeOptions, device: str = "auto") -> dict:
+    """Parameters, and BLEU (cased, lowercased) and perplexity on the prepared dev and test splits that exist."""
+    translator = Translator.from_checkpoint(path, device=device)
+    out: dict[str, float] = {"parameters": sum(p.numel() for p in translator.model.parameters())}
+    for prefix, split in SPLITS.items():
+        if not (data_dir / f"{split}.src.txt").exists():
+            continue
+        hyps = translator.translate_texts(read_lines(data_dir / f"{split}.src.txt"), options=options)
+        scores = score_corpus(hyps, read_lines(data_dir / f"{split}.tgt.txt"))
+        out[f"{prefix}_bleu"], out[f"{prefix}_bleu_lc"] = scores.bleu, scores.bleu_lc
+        out[f"{prefix}_ppl"] = split_perplexity(translator.model, data_dir, split, device=translator.device)
+    return out
+
+
+def _train_one(preset: str, overrides: list[str], data_dir: Path, run_dir: Path, *, force: bool, reuse: bool,
+               progress: bool, say: Callable[[str], None]) -> None:
+    from attnkit.train.trainer import Trainer
+
+    last = run_dir / "checkpoints" / "last.safetensors"
+    if last.exists() and reuse:
+        say(f"{run_dir}: already trained, evaluating it as it is")
+        return
+    if last.exists() and not force:
+        raise AttnkitError(f"{run_dir} already holds a run; pass --force to retrain it or --reuse to evaluate it")
+    cfg = cfgmod.resolve([preset], overrides)
+    say(f"training {preset} ({cfg.model.kind}, budget {cfg.train.max_minutes or 'none'} min) in {run_dir}")
+    Trainer(cfg, data_dir, run_dir, force=True, progress=progress).fit()
+
+
+def compare_models(presets: Sequence[str], data_dir: str | Path, out_dir: str | Path, *,
+                   overrides: Sequence[str] = (), minutes: float | None = None, options: DecodeOptions | None = None,
+                   force: bool = False, reuse: bool = False, progress: bool = True,
+                   say: Callable[[str], None] = print) -> list[ModelResult]:
+    """Train every preset (or config file) on `data_dir` under the same budget, evaluate, tabulate, plot.
+
+    `minutes` sets train.max_minutes for every model (the same wall-clock budget); `overrides` apply to
+    every model. Each run lives in OUT/<preset name>; the best checkpoint (by the preset's metric) is
+    evaluated, or the last one when there is no dev set.
+    """
+    from attnkit.checkpoint import load_checkpoint
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    names = [Path(p).stem for p in presets]
+    if len(set(names)) != len(names):
+        raise AttnkitError(f"experiment compare: model names repeat ({', '.join(names)}); each needs its own folder")
+    budget = [f"train.max_minutes={minutes}"] if minutes is not None else []
+    results = []
+    for preset, name in zip(presets, names):
+        run_dir = out_dir / name
+        _train_one(preset, list(overrides) + budget, data_dir, run_dir, force=force, reuse=reuse, progress=progress,
+                   say=say)
+        best, last = run_dir / "checkpoints" / "best.safetensors", run_dir / "checkpoints" / "last.safetensors"
+        ckpt = load_checkpoint(last)  # the training position: time and updates spent
+        chosen = best if best.exists() else last
+        metrics = evaluate_checkpoint(chosen, data_dir, options or DecodeOptions(), ckpt.config.train.device)
+        results.append(ModelResult(name=name, kind=ckpt.kind, train_minutes=ckpt.train_state.get("elapsed_s", 0.0) / 60,
+                                   steps=ckpt.train_state.get("step", 0), checkpoint=str(chosen), **metrics))
+        say(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in metrics.items()))
+    write_compare(results, out_dir)
+    return results
+
+
+def write_compare(results: Sequence[ModelResult], out_dir: Path) -> None:
+    header = [f for f in asdict(results[0]) if f != "checkpoint"]
+    write_table(out_dir, "compare", header, [[getattr(r, f) for f in header] for r in results])
+    plot_compare(results, out_dir / "compare.png")
+
+
+def plot_compare(results: Sequence[ModelResult], path: Path) -> None:
+    """Grouped bars: dev and test BLEU per model, with the parameter count under each name."""
+    fig, axes = subplots(1, 1, max(4.0, 1.6 * len(results) + 1.5), 3.6)
+    ax = axes[0, 0]
+    x = np.arange(len(results))
+    for offset, (label, key) in zip((-0.2, 0.2), (("dev", "dev_bleu"), ("test", "test_bleu"))):
+        values = [0.0 if math.isnan(getattr(r, key)) else getattr(r, key) for r in results]
+        bars = ax.bar(x + offset, values, width=0.4, label=f"{label} BLEU")
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks(x, [f"{r.name}\n{r.parameters / 1e6:.1f}M params, {r.train_minutes:.1f} min" for r in results],
+                  fontsize=8)
+    ax.set_ylabel("sacreBLEU")
+    ax.set_title("same data, same wall-clock budget")
+    ax.legend(fontsize=8)
+    finish(fig, {}, path, dpi=110)
+
+
