@@ -311,15 +311,16 @@ def test_sampler_rank_shares_disjoint_and_equal(lengths):
     assert len(shares[0]) == n_all // 3
 
 
-def test_sampler_builds_multi30k_sized_epoch_quickly():
-    import time
-
+def test_sampler_covers_a_multi30k_sized_epoch_once_within_budget():
+    """Every example exactly once, every batch within the padded budget (its speed is a benchmark:
+    benchmarks/sampler_speed.py, not a wall-clock assertion that fails on a loaded machine)."""
     rng = np.random.default_rng(0)
     src, tgt = rng.integers(5, 40, size=29_000), rng.integers(5, 40, size=29_000)
-    sampler = TokenBatchSampler(src, tgt, max_tokens=4096)
-    start = time.perf_counter()
-    sampler.batches(0)
-    assert time.perf_counter() - start < 0.5
+    batches = TokenBatchSampler(src, tgt, max_tokens=4096).batches(0)
+    seen = np.concatenate([np.asarray(b) for b in batches])
+    assert np.array_equal(np.sort(seen), np.arange(29_000))
+    cost = np.maximum(src, tgt) + 1  # source + EOS, target + BOS/EOS
+    assert all(len(b) * cost[b].max() <= 4096 for b in batches)
 
 
 def test_sampler_rejects_bad_options():

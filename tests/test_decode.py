@@ -219,7 +219,7 @@ def test_beam_attention_has_one_row_per_output_token():
 
 def naive_beam(m: Transformer, src: torch.Tensor, k: int, n: int) -> list[tuple[list[int], float]]:
     """Textbook beam search for one sentence, exactly n tokens then EOS, by full recomputation: every beam
-    is extended by every allowed token and the k best of all candidates are kept."""
+    is extended by every allowed token (never PAD or BOS) and the k best of all candidates are kept."""
     beams: list[tuple[list[int], float]] = [([], 0.0)]
     enc = m.encode(src[None])
     for t in range(n + 1):
@@ -227,13 +227,14 @@ def naive_beam(m: Transformer, src: torch.Tensor, k: int, n: int) -> list[tuple[
         for tokens, score in beams:
             logits, _ = m.decode(torch.tensor([[BOS_ID, *tokens]]), enc)
             logp = logits[0, -1].log_softmax(-1).tolist()
-            allowed = [EOS_ID] if t == n else [v for v in range(len(logp)) if v != EOS_ID]
+            allowed = [EOS_ID] if t == n else [v for v in range(len(logp)) if v not in (EOS_ID, PAD_ID, BOS_ID)]
             candidates += [([*tokens, v], score + logp[v]) for v in allowed]
         beams = sorted(candidates, key=lambda c: -c[1])[:k]
     return [(tokens[:-1], score) for tokens, score in beams]  # EOS scored, not returned
 
 
-@pytest.mark.parametrize(("vocab", "k"), [(40, 3), (6, 4), (4, 5)])  # V >= 2K, K <= V < 2K, V < K
+# words that may be produced (V less PAD, BOS, EOS): 37 >= 2K, K <= 5 < 2K, 3 < K
+@pytest.mark.parametrize(("vocab", "k"), [(40, 3), (8, 4), (6, 5)])
 def test_beam_search_equals_a_textbook_beam_search(vocab, k):
     """The batched search (one row per sentence at the first step, each beam's 2K best ranked before the
     sentence's) finds exactly the textbook search's hypotheses and scores."""

@@ -94,7 +94,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path} was written by a newer attnkit (checkpoint version {meta['version']})")
     kind = meta.get("kind", "")
     try:
-        config = cfgmod.from_dict(cfgmod.family(kind).run, json.loads(meta["config"]))
+        config = cfgmod.from_dict(cfgmod.family(kind).run, cfgmod.upgrade(json.loads(meta["config"])))
     except (cfgmod.ConfigError, json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"{path}: its config cannot be read by this attnkit ({e})") from None
     return Checkpoint(
@@ -117,7 +117,7 @@ def _load_trusted_pickle(path: Path) -> Checkpoint:
                               "where this file came from")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=False)
-        config = cfgmod.from_dict(cfgmod.family(obj["kind"]).run, obj["config"])
+        config = cfgmod.from_dict(cfgmod.family(obj["kind"]).run, cfgmod.upgrade(obj["config"]))
         return Checkpoint(kind=obj["kind"], config=config, model_state=obj["model_state"],
                           tokenizers=obj["tokenizers"], train_state=obj.get("train_state", {}))
     except (KeyError, TypeError, cfgmod.ConfigError) as e:

@@ -20,6 +20,11 @@ import yaml
 from attnkit.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "configs"
+# The ids every vocabulary reserves (attnkit.data.tokenizer makes sentencepiece use them): models mask PAD,
+# searches start from BOS and stop at EOS. Fixed, not configurable: every stage relies on them.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# Fields older versions wrote into configs and checkpoints, with the one value they took (see `upgrade`).
+RETIRED = {"model": {"pad_id": PAD_ID}}
 
 
 def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
@@ -27,6 +32,14 @@ def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
     for name in names:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{section}.{name} must be at least 1, not {getattr(cfg, name)}")
+
+
+def _check_heads(cfg: Any) -> None:
+    """d_model splits evenly into heads; the FFN activation is one attnkit has."""
+    if cfg.d_model % cfg.n_heads:
+        raise ConfigError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
+    if cfg.activation not in ("relu", "gelu"):
+        raise ConfigError(f"model.activation must be relu or gelu, not {cfg.activation!r}")
 
 
 def _check_fractions(cfg: Any, *names: str) -> None:
@@ -55,16 +68,12 @@ class TransformerConfig:
     share_embeddings: bool = True  # one table for source, target and output (section 3.4); joint vocab
     tie_output: bool = True  # output projection = target embedding matrix
     max_positions: int = 1024
-    pad_id: int = 0
 
     def __post_init__(self) -> None:
         _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
                         "n_decoder_layers", "max_positions")
         _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
-        if self.activation not in ("relu", "gelu"):
-            raise ConfigError(f"model.activation must be relu or gelu, not {self.activation!r}")
+        _check_heads(self)
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
 
@@ -291,13 +300,23 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def upgrade(data: dict) -> dict:
+    """A config dict written by an older attnkit without its retired fields (RETIRED); one that set a retired
+    field to another value is refused, since this version cannot honour it."""
+    out = {k: dict(v) if isinstance(v, dict) and k in RETIRED else v for k, v in data.items()}
+    for section, name, value in ((s, n, v) for s, fields in RETIRED.items() for n, v in fields.items()):
+        if isinstance(out.get(section), dict) and name in out[section] and out[section].pop(name) != value:
+            raise ConfigError(f"{section}.{name} is no longer configurable (it is always {value})")
+    return out
+
+
 def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type | None = None) -> Any:
     """Layer presets (later wins), then overrides, into a validated `cls` (default: the run config
     class of the model kind they name, RunConfig for seq2seq kinds)."""
     data: dict = {}
     for p in presets:
         data = deep_merge(data, load_yaml(preset_path(p)))
-    data = apply_overrides(data, list(overrides))
+    data = apply_overrides(upgrade(data), list(overrides))
     if cls is None:
         cls = family(_model_kind(data)).run
     return from_dict(cls, data)
@@ -339,12 +358,7 @@ class TransformerXLConfig:
         if self.kind not in kinds("lm"):
             raise ConfigError(f"model.kind must be one of {', '.join(kinds('lm'))}, not {self.kind!r}")
         _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
-        if self.activation not in ("relu", "gelu"):
-            raise ConfigError(f"model.activation must be relu or gelu, not {self.activation!r}")
-        if self.vocab_size <= 0 or self.n_layers <= 0:
-            raise ConfigError("model.vocab_size and model.n_layers must be positive")
+        _check_heads(self)
         self._check_clusters()
 
     def _check_clusters(self) -> None:
@@ -425,7 +439,6 @@ class RNNConfig:
     gumbel_tau: float = 1.0  # rnn-hard with gumbel: temperature of the relaxed sample
     share_embeddings: bool = True  # one table for source and target; needs a joint vocabulary
     max_positions: int = 1024  # longest source the translator accepts (an RNN has no position table)
-    pad_id: int = 0
 
     def __post_init__(self) -> None:
         choices = {"kind": kinds("seq2seq", RNNConfig), "cell": ("gru", "lstm"), "score": ("dot", "general"),
@@ -444,21 +457,16 @@ class RNNConfig:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
 
     @property
-    def d_model(self) -> int:
-        """The width the noam schedule scales by (train.schedule=noam)."""
+    def d_model(self) -> int:  # the width the noam schedule scales by (train.schedule=noam)
         return self.hidden
 
 
 # --- the model families ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Family:
-    """One model kind: how it is configured, trained, built and looked inside.
-
-    A YAML `model:` section (or a checkpoint's config) names its `kind`, which picks the config class and the
-    run config its checkpoints hold; `task` says which trainer, searches and attention views serve it;
-    `model` is the class in `attnkit.models.<module>` that builds it; `attention` lists the maps its
-    `attention(...)` (seq2seq) or `forward(..., need_weights=True)` (LM) returns, as `plot --kind` names them.
-    """
+    """One model kind: a `model:` section (or a checkpoint's config) names it, which picks its config class and
+    the run config its checkpoints hold; `task` says which trainer, searches and attention views serve it; `model`
+    is its class in `attnkit.models.<module>`; `attention` lists the maps it returns, as `plot --kind` names them."""
 
     config: type
     run: type

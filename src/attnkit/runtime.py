@@ -38,10 +38,10 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
 
 
 def configure_backends(device: torch.device) -> None:
+    """TF32 matmuls on CUDA (Ampere and later): free speed, ample precision for training."""
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 on Ampere+: free speed, ample precision
+        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    keep_freed_memory()
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -56,7 +56,11 @@ def keep_freed_memory() -> bool:
     and the zeroing of every 4 KiB page, every step. Beam search on the standard MT workload took about
     38,000 minor faults per run (150 MB); with blocks up to 32 MB taken from the heap and up to 1 GB of free
     heap kept, none, and the run went from 282 to 237 ms. jemalloc or tcmalloc (LD_PRELOAD) do the same.
-    Process-wide; ATTNKIT_SYSTEM_MALLOC=1 leaves the allocator alone. Returns whether the setting was made.
+
+    It changes the whole process, so the library never calls it on its own: the `attnkit` command does, for
+    the verbs that decode (translate, score, serve, lm eval / generate), and so do the bench's measuring
+    processes; a Python program opts in by calling it. ATTNKIT_SYSTEM_MALLOC=1 makes it a no-op. Returns
+    whether the setting was made.
     """
     if os.environ.get("ATTNKIT_SYSTEM_MALLOC", "") not in ("", "0"):
         return False

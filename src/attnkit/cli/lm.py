@@ -40,6 +40,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_train_options(t, "attnkit lm prepare", f"{DEFAULT_PRESET}; with --resume: the run's")
 
     e = verbs.add_parser("eval", help="loss, perplexity, bits per character and tokens/s of a checkpoint")
+    e.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(e)
     e.add_argument("--data", required=True, help="prepared corpus folder")
     e.add_argument("--split", default="valid", choices=["train", "valid", "test"])
@@ -53,6 +54,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.add_argument("--device", default="auto")
 
     g = verbs.add_parser("generate", help="sample text, carrying the XL memory forward one token per step")
+    g.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(g)
     g.add_argument("--prompt", default="", help="text to continue (default: start of a line)")
     g.add_argument("--length", type=int, default=200, help="tokens to generate")
@@ -112,10 +114,9 @@ def cmd_eval(args, overrides: list[str]) -> None:
     from attnkit.data.lm import load_lm_corpus
     from attnkit.errors import AttnkitError
     from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
-    from attnkit.runtime import configure_backends, resolve_device
+    from attnkit.runtime import resolve_device
 
     device = resolve_device(args.device)
-    configure_backends(device)
     model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
     corpus = load_lm_corpus(args.data)
     if corpus.vocab.to_json() != vocab.to_json():
@@ -142,10 +143,9 @@ def cmd_generate(args, overrides: list[str]) -> None:
 
     from attnkit.checkpoint import load_lm_checkpoint
     from attnkit.decode.lm import generate
-    from attnkit.runtime import configure_backends, resolve_device
+    from attnkit.runtime import resolve_device
 
     device = resolve_device(args.device)
-    configure_backends(device)
     model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
     ids = vocab.encode([args.prompt])
     prompt = torch.as_tensor(ids[:-1] if len(ids) > 1 else ids, dtype=torch.long, device=device)[None]  # (1, P)

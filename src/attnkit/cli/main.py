@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(rest)
         if overrides and not getattr(args, "takes_overrides", False):
             raise AttnkitError(f"config overrides ({overrides[0]}) only apply to verbs that train")
+        if getattr(args, "keeps_freed_memory", False):  # decoding verbs: the process is ours to tune
+            from attnkit.runtime import keep_freed_memory
+
+            keep_freed_memory()
         trust = trust_pickle.set(getattr(args, "trust_checkpoint", False))
         try:
             with warnings.catch_warnings():

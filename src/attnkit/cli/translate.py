@@ -11,6 +11,7 @@ from attnkit.errors import AttnkitError
 
 def add_parsers(sub) -> dict[str, Callable]:
     tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling")
+    tr.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(tr)
     tr.add_argument("--input", default="-", help="file (plain or .gz) or - for stdin")
     tr.add_argument("--output", default="-", help="file or - for stdout")
@@ -28,12 +29,14 @@ def add_parsers(sub) -> dict[str, Callable]:
     tr.add_argument("--device", default="auto")
 
     sc = sub.add_parser("score", help="forced decoding: log P(target | source) for each line pair")
+    sc.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(sc)
     sc.add_argument("--src", required=True, help="source file")
     sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
     sc.add_argument("--device", default="auto")
 
     sv = sub.add_parser("serve", help="an HTTP JSON translation service (FastAPI + uvicorn; extra 'serve')")
+    sv.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)

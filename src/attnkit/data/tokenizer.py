@@ -13,10 +13,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from attnkit.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # fixed for every vocabulary
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 MIN_VOCAB_SIZE = 8  # the 4 specials plus a few pieces; anything smaller cannot encode text at all
 # sentencepiece samples this many sentences for training: enough for any MT corpus we ship,
 # small enough that a multi-million-line corpus does not exhaust memory.

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
-from attnkit.decode.search import Hypothesis, StepRules, length_penalty, max_lengths, row_topk
+from attnkit.decode.search import Hypothesis, StepRules, length_penalty, max_lengths, row_topk, search
 
 
-@torch.inference_mode()
+@search
 def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_len_a: float = 1.2,
                 max_len_b: int = 10, min_len: int = 0, len_penalty: float = 1.0, len_style: str = "length",
                 no_repeat_ngram: int = 0, prefix: torch.Tensor | None = None, need_attention: bool = False,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from attnkit.decode.search import Hypothesis, StepRules, filter_logits, max_lengths, row_argmax
+from attnkit.decode.search import Hypothesis, StepRules, filter_logits, max_lengths, row_argmax, search
 
 Pick = Callable[[torch.Tensor], torch.Tensor]  # constrained log-probs (A, V) -> chosen tokens (A,)
 
@@ -31,7 +31,7 @@ def sample(model, src: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0
     return left_to_right(model, src, pick, **kw)
 
 
-@torch.inference_mode()
+@search
 def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.2, max_len_b: int = 10,
                   min_len: int = 0, prefix: torch.Tensor | None = None, no_repeat_ngram: int = 0,
                   need_attention: bool = False, attention_layer: int = -1) -> list[list[Hypothesis]]:

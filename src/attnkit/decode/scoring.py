@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 
 from attnkit.data.tokenizer import PAD_ID
+from attnkit.decode.search import search
 
 
-@torch.inference_mode()
+@search
 def score_targets(model, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
     """Summed log P(tgt_out | src) per sentence (B,), EOS included, padding excluded."""
     logp = model(src, tgt_in).float().log_softmax(-1)  # (B, T, V)

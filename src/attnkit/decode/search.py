@@ -5,11 +5,39 @@ N rows (sentences x beams), V vocabulary, t tokens produced so far.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from attnkit.data.tokenizer import EOS_ID, PAD_ID
+from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@contextlib.contextmanager
+def evaluating(model) -> Iterator[None]:
+    """The model in eval mode (no dropout; the incremental step refuses training mode) for the length of a
+    search, then back in the mode it was in."""
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def search(fn: Callable) -> Callable:
+    """A search `fn(model, src, ...)` runs under inference_mode with the model in eval mode (restored after)."""
+
+    @functools.wraps(fn)
+    def run(model, *args, **kw):
+        with torch.inference_mode(), evaluating(model):
+            return fn(model, *args, **kw)
+
+    return run
 
 
 @dataclass
@@ -37,7 +65,9 @@ class StepRules:
     """Constraints applied to each step's log-probs, row by row.
 
     limits (N,): the step at which EOS is forced; min_len: EOS is banned before it; prefix (N, P):
-    forced first tokens (PAD where a row's prefix has ended); no_repeat_ngram: no n-gram twice.
+    forced first tokens (PAD where a row's prefix has ended); no_repeat_ngram: no n-gram twice. PAD and BOS
+    are never produced: label smoothing gives them probability mass that a search would otherwise spend
+    (fairseq bans them too).
     """
 
     limits: torch.Tensor
@@ -66,6 +96,8 @@ class StepRules:
             forced = self.prefix[:, t]  # (N,)
             rows = forced.ne(PAD_ID).nonzero().squeeze(1)
             kept = logp[rows, forced[rows]]
+        logp[:, PAD_ID] = float("-inf")
+        logp[:, BOS_ID] = float("-inf")
         if t < self.min_len:
             logp[:, EOS_ID] = float("-inf")
         if repeats:

@@ -19,7 +19,7 @@ from attnkit.decode.greedy import greedy_search, sample
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
-from attnkit.runtime import configure_backends, resolve_device
+from attnkit.runtime import resolve_device
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,6 @@ class Translator:
     def __init__(self, model, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
                  device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10):
         self.device = resolve_device(device) if isinstance(device, str) else device
-        configure_backends(self.device)
         self.model = model.to(self.device).eval()
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
         self.max_len_a, self.max_len_b = max_len_a, max_len_b

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnkit.config import RNNConfig
+from attnkit.config import PAD_ID, RNNConfig
 from attnkit.errors import AttnkitError
 from attnkit.nn import Dropout
 from attnkit.nn.outputs import step_log_probs
@@ -130,9 +130,9 @@ class RNNSeq2Seq(nn.Module):
         return self.src_embed if self.own_tgt_embed is None else self.own_tgt_embed
 
     def _embedding(self, vocab_size: int) -> nn.Embedding:
-        emb = nn.Embedding(vocab_size, self.config.embed_dim, padding_idx=self.config.pad_id)
+        emb = nn.Embedding(vocab_size, self.config.embed_dim, padding_idx=PAD_ID)
         nn.init.uniform_(emb.weight, -0.1, 0.1)
-        nn.init.zeros_(emb.weight[self.config.pad_id])
+        nn.init.zeros_(emb.weight[PAD_ID])
         return emb
 
     # --- sizes the variants change ----------------------------------------------------------
@@ -145,7 +145,7 @@ class RNNSeq2Seq(nn.Module):
     # --- encoder ----------------------------------------------------------------------------
     def encode(self, src: torch.Tensor) -> RNNEncoded:
         """src (B, S) -> encoder states (B, S, H) in source order, padding mask, summary C (B, H)."""
-        pad_mask = src.eq(self.config.pad_id)  # (B, S)
+        pad_mask = src.eq(PAD_ID)  # (B, S)
         lengths = (~pad_mask).sum(1)  # (B,)
         ids = reverse_padded(src, lengths) if self.config.reverse_source else src
         x = self.dropout(self.src_embed(ids))  # (B, S, E)
@@ -383,7 +383,7 @@ class HardAttentionSeq2Seq(BahdanauSeq2Seq):
         return logits, self._reinforce_loss(logits, attended, tgt_out)
 
     def _reinforce_loss(self, logits: torch.Tensor, attended: list[Attended], tgt_out: torch.Tensor) -> torch.Tensor:
-        real = tgt_out.ne(self.config.pad_id)  # (B, T)
+        real = tgt_out.ne(PAD_ID)  # (B, T)
         token_logp = logits.detach().float().log_softmax(-1).gather(2, tgt_out[..., None]).squeeze(2)  # (B, T)
         token_logp = token_logp.masked_fill(~real, 0.0)
         to_go = token_logp.flip(1).cumsum(1).flip(1)  # (B, T): sum of log p(y_u) for u >= t

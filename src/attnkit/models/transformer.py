@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnkit.config import TransformerConfig
+from attnkit.config import PAD_ID, TransformerConfig
 from attnkit.nn import (
     DecoderLayer,
     Dropout,
@@ -110,9 +110,9 @@ class Transformer(nn.Module):
         return self.src_embed if self.own_tgt_embed is None else self.own_tgt_embed
 
     def _embedding(self, vocab_size: int) -> nn.Embedding:
-        emb = nn.Embedding(vocab_size, self.config.d_model, padding_idx=self.config.pad_id)
+        emb = nn.Embedding(vocab_size, self.config.d_model, padding_idx=PAD_ID)
         nn.init.normal_(emb.weight, mean=0.0, std=self.config.d_model**-0.5)  # unit variance after scaling
-        nn.init.zeros_(emb.weight[self.config.pad_id])
+        nn.init.zeros_(emb.weight[PAD_ID])
         return emb
 
     def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -125,7 +125,7 @@ class Transformer(nn.Module):
 
     # --- the seq2seq interface -------------------------------------------------------------
     def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Encoded:
-        pad_mask = src.eq(self.config.pad_id)  # (B, S)
+        pad_mask = src.eq(PAD_ID)  # (B, S)
         mask = key_padding_to_attn_mask(pad_mask)  # (B, 1, 1, S)
         x = self.embed(self.src_embed, src)
         weights = []
@@ -170,7 +170,13 @@ class Transformer(nn.Module):
     def step(
         self, tokens: torch.Tensor, state: DecoderState, *, need_weights: bool = False
     ) -> tuple[torch.Tensor, DecoderState, list[torch.Tensor] | None]:
-        """Feed one token per row, tokens (B,) -> log-probs (B, V), new state, cross weights per layer (B, H, S)."""
+        """Feed one token per row, tokens (B,) -> log-probs (B, V), new state, cross weights per layer (B, H, S).
+
+        Inference only: teacher forcing (`decode`) is the training path, and the searches put the model in
+        eval mode themselves."""
+        if self.training:
+            raise RuntimeError("Transformer.step is incremental decoding for inference: call model.eval() first "
+                               "(greedy_search, beam_search and sample do)")
         y = self.embed(self.tgt_embed, tokens[:, None], offset=state.length)  # (B, 1, D)
         new_kv, cross = [], []
         layers = state.layers or [layer.step_weights() for layer in self.decoder]

@@ -37,12 +37,26 @@ class FeedForward(nn.Module):
 
 
 def _layer_norm(x: torch.Tensor, norm: tuple) -> torch.Tensor:
-    """LayerNorm with norm = (normalized_shape, weight, bias, eps)."""
+    """LayerNorm with norm = (normalized_shape, weight, bias, eps), without a module call."""
     return torch.layer_norm(x, *norm)
 
 
+def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: tuple, norm_first: bool,
+             p: float = 0.0, training: bool = False) -> torch.Tensor:
+    """A residual block: x + Dropout(f(x)), LayerNorm after the sum (post-LN, the paper) or before f (pre-LN).
+
+    The one definition both teacher forcing (`Residual`) and incremental decoding (`DecoderLayer.step`) use.
+    Dropout's 1 / (1 - p) is applied by the addition itself (alpha).
+    """
+    if norm_first:
+        kept, scale = drop(fn(_layer_norm(x, norm)), p, training)
+        return torch.add(x, kept, alpha=scale)
+    kept, scale = drop(fn(x), p, training)
+    return _layer_norm(torch.add(x, kept, alpha=scale), norm)
+
+
 class Residual(nn.Module):
-    """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN)."""
+    """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN): see `residual`."""
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool):
         super().__init__()
@@ -51,22 +65,12 @@ class Residual(nn.Module):
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        if self.norm_first:
-            return self._add(x, fn(self._norm(x)))
-        return self._norm(self._add(x, fn(x)))
+        return residual(x, fn, self.norm_args(), self.norm_first, self.dropout.p, self.training)
 
     def norm_args(self) -> tuple:
         """(normalized_shape, weight, bias, eps) of the LayerNorm, as torch.layer_norm takes them."""
         n = self.norm
         return n.normalized_shape, n.weight, n.bias, n.eps
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return _layer_norm(x, self.norm_args())  # without the module call
-
-    def _add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x + dropout(y), the 1 / (1 - p) applied by the addition itself (alpha)."""
-        kept, scale = drop(y, self.dropout.p, self.training)
-        return torch.add(x, kept, alpha=scale)
 
 
 class EncoderLayer(nn.Module):
@@ -160,35 +164,36 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         beams: int = 1,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None], KVCache]:
-        """Incremental decoding (inference, the model in eval mode): y (B, T, D) holds each row's newest position(s),
-        which attend to everything in `cache` before them and causally among themselves. The memory's keys
-        and values and its mask hold B / beams sentences, each attended by `beams` consecutive rows of y as
-        one block of queries. -> (B, T, D), {"self", "cross"} weights, the grown cache.
+        """Incremental decoding (inference: the model in eval mode): y (B, 1, D) holds each row's newest position,
+        which attends to everything in `cache` and to itself. The memory's keys and values and its mask hold
+        B / beams sentences, each attended by `beams` consecutive rows of y as one block of queries.
+        -> (B, 1, D), {"self", "cross"} weights, the grown cache.
 
-        The same layer as `forward` (the test suite checks step by step against it), reading `w`.
+        The same residual blocks and sublayers as `forward` (`residual`, the attentions' projections, the FFN),
+        reading `w`; the test suite checks it step by step against `forward`.
         """
-        b, t, d = y.shape
+        b, t, d = y.shape  # t = 1
         pre, (n_self, n_cross, n_ffn) = w.norm_first, w.norms
-        # self-attention over the cache
-        h = _layer_norm(y, n_self) if pre else y
-        q, k, v = w.self_attn.project_qkv(h)
-        cache = cache.append(k, v, spare=32)  # the next steps write in place
-        out, self_weights = w.self_attn.attend(q, cache.k, cache.v, mask=None, causal=t > 1, need_weights=need_weights)
-        y = _residual(y, linear(out, *w.self_out), n_self, pre)
-        # cross-attention: a sentence's beams are one block of beams * T queries, (B / beams, H, beams * T, Dh)
-        h = _layer_norm(y, n_cross) if pre else y
-        q = w.cross_attn.project_q(h.reshape(b // beams, beams * t, d))
-        out, cross = w.cross_attn.attend(q, memory.k, memory.v, mask=memory_mask, causal=False,
-                                         need_weights=need_weights)
-        y = _residual(y, linear(out.reshape(b, t, d), *w.cross_out), n_cross, pre)
-        # position-wise FFN
-        h = _layer_norm(y, n_ffn) if pre else y
-        y = _residual(y, w.ffn(h), n_ffn, pre)
+        self_weights = cross = None
+
+        def self_attend(h: torch.Tensor) -> torch.Tensor:  # over the cache, which this position joins
+            nonlocal cache, self_weights
+            q, k, v = w.self_attn.project_qkv(h)
+            cache = cache.append(k, v, spare=32)  # the next steps write in place
+            out, self_weights = w.self_attn.attend(q, cache.k, cache.v, mask=None, causal=False,
+                                                   need_weights=need_weights)
+            return linear(out, *w.self_out)
+
+        def cross_attend(h: torch.Tensor) -> torch.Tensor:  # a sentence's beams: one block (B / beams, H, beams, Dh)
+            nonlocal cross
+            q = w.cross_attn.project_q(h.reshape(b // beams, beams * t, d))
+            out, cross = w.cross_attn.attend(q, memory.k, memory.v, mask=memory_mask, causal=False,
+                                             need_weights=need_weights)
+            return linear(out.reshape(b, t, d), *w.cross_out)
+
+        y = residual(y, self_attend, n_self, pre)
+        y = residual(y, cross_attend, n_cross, pre)
+        y = residual(y, w.ffn, n_ffn, pre)
         if cross is not None:
-            cross = cross.unflatten(2, (beams, t)).transpose(1, 2).flatten(0, 1)  # (B, H, T, S)
+            cross = cross.unflatten(2, (beams, t)).transpose(1, 2).flatten(0, 1)  # (B, H, 1, S)
         return y, {"self": self_weights, "cross": cross}, cache
-
-
-def _residual(y: torch.Tensor, out: torch.Tensor, norm: tuple, norm_first: bool) -> torch.Tensor:
-    """A residual block's output in inference: y + out (pre-LN) or LayerNorm(y + out) (post-LN)."""
-    return y + out if norm_first else _layer_norm(y + out, norm)

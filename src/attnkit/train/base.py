@@ -223,10 +223,15 @@ class TrainerBase:
                           "continue with --resume")
 
     # --- one update -------------------------------------------------------------------------
-    def apply_update(self, total_loss: float, grad_norm: torch.Tensor | None) -> float:
-        """After backward: step with the scheduled lr, or skip a non-finite update. Returns the lr."""
+    def apply_update(self, total_loss: float) -> float:
+        """After backward: clip (train.clip_norm, 0 = no clipping) and step with the scheduled lr, or skip an
+        update whose loss or gradient is not finite. The gradient norm is checked on every update: a NaN or
+        inf gradient can come with a finite loss (an overflow in backward), and must not reach the weights.
+        Returns the lr."""
         lr = self.schedule(self.state.step + 1)
-        if not math.isfinite(total_loss) or (grad_norm is not None and not torch.isfinite(grad_norm)):
+        clip = self.cfg.train.clip_norm or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)  # one fused pass over the grads
+        if not (math.isfinite(total_loss) and torch.isfinite(grad_norm)):
             self.skip_update()
         else:
             for group in self.optimizer.param_groups:

@@ -102,8 +102,7 @@ class LMTrainer(TrainerBase):
             total += nll.item()
         (total,) = self.dist.sum(total)
         n_tokens *= self.dist.world
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
-        lr = self.apply_update(total, grad_norm)
+        lr = self.apply_update(total)
         if self.state.segment >= len(self.streams):  # end of a pass: start again with an empty memory
             self.state.epoch, self.state.segment, self.mems = self.state.epoch + 1, 0, None
         return {"loss": total / n_tokens, "lr": lr, "tokens": n_tokens}

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
 from attnkit.checkpoint import epoch_checkpoints
+from attnkit.config import PAD_ID
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, load_tokenizers, read_lines
 from attnkit.data.batching import Batch
 from attnkit.decode.translator import Translator
@@ -97,13 +98,11 @@ class Trainer(TrainerBase):
             with self.dist.no_sync(self.train_model, sync=i == len(batches) - 1):
                 with autocast(self.device, t.dtype):
                     logits, aux = self.train_model(batch)  # (B, T, V), summed auxiliary loss
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, PAD_ID)
                 ((loss + aux) * self.dist.world / n_tokens).backward()
             total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         total_loss, total_nll = self.dist.sum(total_loss, total_nll)  # every rank takes the same skip decision
-        grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
-                     if t.clip_norm or not math.isfinite(total_loss) else None)
-        lr = self.apply_update(total_loss, grad_norm)
+        lr = self.apply_update(total_loss)
         return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "lr": lr, "tokens": n_tokens}
 
     # --- evaluation -------------------------------------------------------------------------
@@ -121,7 +120,7 @@ class Trainer(TrainerBase):
             batch = batch.to(self.device)
             with autocast(self.device, t.dtype):
                 logits = self.model(batch.src, batch.tgt_in)
-            l, n = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, self.cfg.model.pad_id)
+            l, n = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, PAD_ID)
             loss, nll, tokens = loss + l.item(), nll + n.item(), tokens + batch.n_tokens
         metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 50))}
         if t.eval_bleu and (self.data_dir / "valid.src.txt").exists():
