@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnkit.config import PAD_ID, RNNConfig
+from attnkit.config import PAD_ID, RNNConfig, family
 from attnkit.errors import AttnkitError
 from attnkit.nn import Dropout
 from attnkit.nn.outputs import step_log_probs
@@ -100,7 +100,11 @@ class RNNSeq2Seq(nn.Module):
     """Encoder-decoder with a fixed context vector C; the base of the family, whose hooks the others override."""
 
     kind = "rnn-seq2seq"
-    has_attention = False  # step / attention can return alignments
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether step / attention can return alignments: the family registry says which kinds attend."""
+        return bool(family(self.kind).attention)
 
     def __init__(self, config: RNNConfig):
         super().__init__()
@@ -279,7 +283,6 @@ class BahdanauSeq2Seq(RNNSeq2Seq):
     """Additive soft attention over all encoder states (Bahdanau et al. 2015)."""
 
     kind = "rnn-bahdanau"
-    has_attention = True
 
     def __init__(self, config: RNNConfig):
         super().__init__(config)
@@ -306,7 +309,6 @@ class LuongSeq2Seq(RNNSeq2Seq):
     """Global attention after the RNN step, dot or general scores, optional input feeding (Luong et al. 2015)."""
 
     kind = "rnn-luong"
-    has_attention = True
 
     def __init__(self, config: RNNConfig):
         super().__init__(config)

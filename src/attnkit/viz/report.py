@@ -82,6 +82,7 @@ def _samples(run_dir: Path, data_dir: Path | None, n: int) -> str:
 
 
 def _translation_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
+    from attnkit.config import family
     from attnkit.decode import Translator
     from attnkit.viz.attention import seq2seq_views
 
@@ -89,7 +90,7 @@ def _translation_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
     if not sources:
         return "<p>no dev sentences to sample.</p>"
     translator = Translator.from_checkpoint(ckpt, device="cpu")
-    if not getattr(translator.model, "has_attention", True):  # rnn-seq2seq: one fixed vector, nothing to draw
+    if not family(translator.model.kind).attention:  # rnn-seq2seq: one fixed vector, nothing to draw
         parts = [f"<p>from {html.escape(ckpt.name)}, greedy; a '{html.escape(translator.model.kind)}' model has "
                  "no attention to draw.</p>"]
         for i, (source, t) in enumerate(zip(sources, translator.translate(sources))):
