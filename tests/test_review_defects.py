@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,6 +128,38 @@ def test_the_command_line_keeps_freed_memory_for_decoding_verbs(fake_libc, tmp_p
     assert main(["translate", "--checkpoint", run_dir / "checkpoints" / "last.safetensors", "--input", src,
                  "--output", tmp_path / "out.txt", "--device", "cpu"]) == 0
     assert len(fake_libc.calls) == 2
+
+
+# --- 4. training memory: the verbs that train keep oneDNN from caching a kernel per shape -------------------------
+_SHAPES = """
+import sys, torch
+from attnkit.cli.main import build_parser, tune_process
+tune_process(build_parser()[0].parse_args(sys.argv[1:]))
+lin = torch.nn.Linear(512, 2048)
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+for i in range(200):  # a new (batch, length) every step, as token-budget batches give
+    x = torch.randn(8 + i % 7, 10 + i, 512, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lin(x).float().sum().backward()
+    if i == 20:
+        start = rss_mb()
+print(rss_mb() - start)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_training_verb_keeps_memory_flat_under_changing_shapes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    argv = ["train", "--data", str(tmp_path), "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-c", _SHAPES, *argv], env=env, capture_output=True, text=True, check=True)
+    assert float(done.stdout) < 200  # MB over 180 new shapes; with oneDNN's default caches about 500
+
+
+def test_the_library_leaves_the_kernel_caches_alone(monkeypatch, tmp_path, data_dir):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    Trainer(tiny_run_config(max_steps=1), data_dir, tmp_path / "run", progress=False).fit()
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
 
 
 # --- 5. model.pad_id is gone: the special ids are fixed, and old checkpoints still load ---------------------------

@@ -73,6 +73,24 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
+def bound_kernel_caches() -> None:
+    """Keep oneDNN from caching a kernel per tensor shape: flat memory when shapes keep changing.
+
+    Under bf16 autocast on a CPU, PyTorch runs matmuls through oneDNN, which builds a "primitive" (a kernel
+    specialised to the exact shapes) for each new shape and keeps up to 1,024 of them, and ideep keeps
+    another 1,024 of its own. Token-budget batches have a new (sentences, source length, target length)
+    almost every step, about 27 primitives each, so the caches never hit and only churn: on the Multi30k
+    preset the resident memory grew past 5 GB in minutes while the tensors in use stayed under 0.3 GB.
+    With both caches off it stays under 1 GB, and the steps are no slower (the cache never hit anyway).
+
+    Like `keep_freed_memory` it is process-wide (environment variables read when oneDNN first runs), so
+    the library never calls it: the `attnkit` command does for the verbs that train. A value already in
+    the environment wins.
+    """
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+    os.environ.setdefault("LRU_CACHE_CAPACITY", "1")  # ideep's cache of converted weights and primitives
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -21,7 +21,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
     c = ex.add_parser("compare", help="train several models on the same data and budget; table + bar plot")
-    c.set_defaults(takes_overrides=True, run=cmd_compare)
+    c.set_defaults(takes_overrides=True, bounds_kernel_caches=True, run=cmd_compare)
     c.add_argument("--data", required=True, help="folder written by `attnkit prepare`")
     c.add_argument("--out", required=True, help="folder for the runs (OUT/<model>), compare.{csv,md,png}")
     c.add_argument("--models", nargs="+", default=["rnn-seq2seq", "rnn-bahdanau"], metavar="PRESET|FILE",

@@ -30,6 +30,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return p, commands
 
 
+def tune_process(args: argparse.Namespace) -> None:
+    """Process-wide settings that pay for one kind of work; the command owns its process, the library never."""
+    if getattr(args, "keeps_freed_memory", False) or getattr(args, "bounds_kernel_caches", False):
+        from attnkit import runtime
+
+        if getattr(args, "keeps_freed_memory", False):  # decoding verbs
+            runtime.keep_freed_memory()
+        if getattr(args, "bounds_kernel_caches", False):  # training verbs
+            runtime.bound_kernel_caches()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser, commands = build_parser()
@@ -38,10 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(rest)
         if overrides and not getattr(args, "takes_overrides", False):
             raise AttnkitError(f"config overrides ({overrides[0]}) only apply to verbs that train")
-        if getattr(args, "keeps_freed_memory", False):  # decoding verbs: the process is ours to tune
-            from attnkit.runtime import keep_freed_memory
-
-            keep_freed_memory()
+        tune_process(args)
         trust = trust_pickle.set(getattr(args, "trust_checkpoint", False))
         try:
             with warnings.catch_warnings():

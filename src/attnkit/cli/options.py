@@ -41,7 +41,7 @@ def add_trust_option(p: argparse.ArgumentParser) -> None:
 
 def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str) -> None:
     """The options every training verb shares; it also takes dotted config overrides."""
-    t.set_defaults(takes_overrides=True)
+    t.set_defaults(takes_overrides=True, bounds_kernel_caches=True)
     t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")
     t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
     t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",

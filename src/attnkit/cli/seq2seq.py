@@ -10,7 +10,7 @@ from attnkit.errors import AttnkitError
 
 def add_parsers(sub) -> dict[str, Callable]:
     d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo")
-    d.set_defaults(takes_overrides=True)
+    d.set_defaults(takes_overrides=True, bounds_kernel_caches=True)
     d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
     d.add_argument("--n-train", type=int, default=24000)
     d.add_argument("--n-eval", type=int, default=1000)
