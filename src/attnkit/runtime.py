@@ -91,6 +91,15 @@ def bound_kernel_caches() -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", "1")  # ideep's cache of converted weights and primitives
 
 
+def resident_mb() -> float | None:
+    """This process's resident memory in MiB (Linux); None where /proc is not there."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.io import atomic_open
+from attnkit.runtime import resident_mb
 
-FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "exact"]
+FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "exact",
+          "rss_mb"]
 
 
 class MetricsLog:
@@ -38,6 +40,7 @@ class MetricsLog:
             writer.writerows(rows)
 
     def write(self, split: str, step: int, **values: Any) -> None:
+        values.setdefault("rss_mb", resident_mb())  # the process's resident memory, so a run shows its footprint
         new = not self.csv_path.exists()
         with self.csv_path.open("a", newline="") as f:
             writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
