@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +14,7 @@ httpx = pytest.importorskip("httpx")
 
 from attnkit.decode.translator import Translator  # noqa: E402
 from attnkit.serve import create_app  # noqa: E402
+from serving import free_port, running  # noqa: E402
 
 BOOM = "kaputt"  # a sentence the test translator fails on, to check a failed batch leaves the worker alive
 
@@ -41,29 +40,12 @@ def translator(trained) -> CountingTranslator:
     return translator
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def url(translator) -> str:
     """A uvicorn server in a background thread on 127.0.0.1; stopped when the module's tests are done."""
     app = create_app(translator, max_batch_sentences=16, max_request_sentences=8, max_chars=60, batch_wait_ms=20)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(300):
-        if server.started or not thread.is_alive():
-            break
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start within 15 s"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-    assert not thread.is_alive()
+    with running(app) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

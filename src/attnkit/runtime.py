@@ -91,6 +91,20 @@ def bound_kernel_caches() -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", "1")  # ideep's cache of converted weights and primitives
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes this process could still allocate on `device` (free GPU memory; MemAvailable on a Linux host)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def resident_mb() -> float | None:
     """This process's resident memory in MiB (Linux); None where /proc is not there."""
     try:

@@ -61,6 +61,7 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-len", type=int, default=0)
     g.add_argument("--max-len-a", type=float, help="output limit a*|src| + b (default: the checkpoint's)")
     g.add_argument("--max-len-b", type=int)
+    g.add_argument("--max-len", type=int, default=0, help="at most this many output tokens (0: a*|src| + b alone)")
     g.add_argument("--no-repeat-ngram", type=int, default=0, help="block repeated n-grams of this size")
     g.add_argument("--sampling", action="store_true", help="sample instead of searching")
     g.add_argument("--temperature", type=float, default=1.0)
@@ -75,5 +76,5 @@ def decode_options(args):
     return DecodeOptions(beam=args.beam, nbest=args.nbest, sampling=args.sampling, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, len_penalty=args.lenpen,
                          len_style=args.len_style, min_len=args.min_len, max_len_a=args.max_len_a,
-                         max_len_b=args.max_len_b, no_repeat_ngram=args.no_repeat_ngram,
+                         max_len_b=args.max_len_b, max_len=args.max_len, no_repeat_ngram=args.no_repeat_ngram,
                          attention_layer=args.alignment_layer if hasattr(args, "alignment_layer") else -1)

@@ -42,9 +42,17 @@ def add_parsers(sub) -> dict[str, Callable]:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--device", default="auto")
     sv.add_argument("--max-batch-sentences", type=int, default=64, help="sentences translated together")
-    sv.add_argument("--max-request-sentences", type=int, default=64, help="larger requests get 413")
-    sv.add_argument("--max-chars", type=int, default=1000, help="longer sentences get 413")
     sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
+    sv.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; more get 503 + Retry-After")
+    sv.add_argument("--request-timeout-s", type=float, default=60.0, help="a request unanswered by then gets 504")
+    sv.add_argument("--memory-budget-mb", type=float, help="memory per batch (default: half of what is available)")
+    caps = sv.add_argument_group("what one request may ask (beyond: 413 for sizes, 422 for options)")
+    caps.add_argument("--max-request-sentences", type=int, default=64, help="sentences per request")
+    caps.add_argument("--max-chars", type=int, default=1000, help="characters per sentence")
+    caps.add_argument("--max-beam", type=int, default=16, help="beam size, and n-best or samples per sentence")
+    caps.add_argument("--max-output-tokens", type=int, default=256,
+                      help="output tokens per sentence (also the default of the request's max_len)")
+    caps.add_argument("--max-top-k", type=int, default=1000, help="top_k for sampling")
 
     e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file")
     e.add_argument("--hyp", required=True)
@@ -110,8 +118,10 @@ def cmd_serve(args, overrides: list[str]) -> None:
     except ImportError as e:
         raise AttnkitError(str(e)) from None
     serve(args.checkpoint, host=args.host, port=args.port, device=args.device,
-          max_batch_sentences=args.max_batch_sentences, max_request_sentences=args.max_request_sentences,
-          max_chars=args.max_chars, batch_wait_ms=args.batch_wait_ms)
+          max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms, max_queue=args.max_queue,
+          request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,
+          max_request_sentences=args.max_request_sentences, max_chars=args.max_chars, max_beam=args.max_beam,
+          max_output_tokens=args.max_output_tokens, max_top_k=args.max_top_k)
 
 
 def cmd_evaluate(args, overrides: list[str]) -> None:

@@ -16,9 +16,9 @@ from attnkit.decode.search import Hypothesis, StepRules, length_penalty, max_len
 
 @search
 def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_len_a: float = 1.2,
-                max_len_b: int = 10, min_len: int = 0, len_penalty: float = 1.0, len_style: str = "length",
-                no_repeat_ngram: int = 0, prefix: torch.Tensor | None = None, need_attention: bool = False,
-                attention_layer: int = -1) -> list[list[Hypothesis]]:
+                max_len_b: int = 10, max_len: int = 0, min_len: int = 0, len_penalty: float = 1.0,
+                len_style: str = "length", no_repeat_ngram: int = 0, prefix: torch.Tensor | None = None,
+                need_attention: bool = False, attention_layer: int = -1) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence, best first, ranked by score / length_penalty.
 
     At each step the 2K best continuations are ranked; an EOS among the first K finishes a
@@ -33,7 +33,7 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
     # The K beams of a sentence would start identical: the first step runs one row per sentence (kk = 1
     # row each), and its K best continuations become the K beams (`expand`).
     state = model.init_state(model.encode(src))
-    rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram)
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b, max_len), min_len, prefix, no_repeat_ngram)
     steps = int(rules.limits.max()) + 1
     beam_scores = torch.zeros(b, 1, device=device)  # (A, kk)
     history = torch.empty(b, 0, dtype=torch.long, device=device)  # (N, t), N = A * kk

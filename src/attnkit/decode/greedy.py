@@ -33,7 +33,7 @@ def sample(model, src: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0
 
 @search
 def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.2, max_len_b: int = 10,
-                  min_len: int = 0, prefix: torch.Tensor | None = None, no_repeat_ngram: int = 0,
+                  max_len: int = 0, min_len: int = 0, prefix: torch.Tensor | None = None, no_repeat_ngram: int = 0,
                   need_attention: bool = False, attention_layer: int = -1) -> list[list[Hypothesis]]:
     """Decode every sentence one token at a time until EOS or its length limit.
 
@@ -41,7 +41,7 @@ def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.
     follows the sentences still running.
     """
     b = src.size(0)
-    rules = StepRules(max_lengths(src, max_len_a, max_len_b), min_len, prefix, no_repeat_ngram)
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b, max_len), min_len, prefix, no_repeat_ngram)
     steps = int(rules.limits.max()) + 1
     state = model.init_state(model.encode(src))
     active = torch.arange(b, device=src.device)  # original sentence of each state row

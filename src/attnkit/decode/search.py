@@ -48,9 +48,10 @@ class Hypothesis:
     attention: torch.Tensor | None = None  # (len(tokens) + 1, H, S) cross-attention of the chosen layer
 
 
-def max_lengths(src: torch.Tensor, a: float, b: int) -> torch.Tensor:
-    """Per-sentence output limit a * |src| + b, |src| counting real tokens only."""
-    return (src.ne(PAD_ID).sum(1).float() * a + b).long().clamp(min=1)
+def max_lengths(src: torch.Tensor, a: float, b: int, cap: int = 0) -> torch.Tensor:
+    """Per-sentence output limit a * |src| + b (|src| counting real tokens only), at most `cap` if set."""
+    limits = (src.ne(PAD_ID).sum(1).float() * a + b).long().clamp(min=1)
+    return limits.clamp(max=cap) if cap > 0 else limits
 
 
 def length_penalty(length: int | torch.Tensor, alpha: float, style: str = "gnmt") -> float | torch.Tensor:

@@ -16,10 +16,11 @@ from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode.beam import beam_search
 from attnkit.decode.greedy import greedy_search, sample
+from attnkit.decode.memory import SearchShape, gigabytes, search_bytes
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
-from attnkit.runtime import resolve_device
+from attnkit.runtime import available_memory, resolve_device
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class DecodeOptions:
     min_len: int = 0
     max_len_a: float | None = None  # None: the checkpoint's training setting
     max_len_b: int | None = None
+    max_len: int = 0  # at most this many output tokens whatever the source length (0: a * |src| + b alone)
     no_repeat_ngram: int = 0
     attention_layer: int = -1
 
@@ -50,8 +52,8 @@ class DecodeOptions:
             raise ConfigError(f"--len-style must be length or gnmt, not {self.len_style!r}")
         if not 0.0 < self.top_p <= 1.0 or not self.temperature > 0 or self.top_k < 0:
             raise ConfigError("sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1")
-        if min(self.min_len, self.no_repeat_ngram) < 0:
-            raise ConfigError("--min-len and --no-repeat-ngram must not be negative")
+        if min(self.min_len, self.no_repeat_ngram, self.max_len) < 0:
+            raise ConfigError("--min-len, --max-len and --no-repeat-ngram must not be negative")
         if not all(math.isfinite(x) for x in (self.len_penalty, self.temperature, self.max_len_a or 0.0)):
             raise ConfigError("--lenpen, --temperature and --max-len-a must be finite numbers")
 
@@ -109,13 +111,20 @@ class Translator:
             ids.append(np.asarray(ids_i, dtype=np.int64))
         return ids
 
+    def output_limit(self, opts: DecodeOptions) -> tuple[float, int, int]:
+        """(a, b, cap): outputs stop at min(a * |src| + b, cap) tokens; the cap keeps them inside the positions."""
+        cap = self.model.config.max_positions - 1
+        return (self.max_len_a if opts.max_len_a is None else opts.max_len_a,
+                self.max_len_b if opts.max_len_b is None else opts.max_len_b,
+                min(opts.max_len, cap) if opts.max_len else cap)
+
     def search(self, src: torch.Tensor, opts: DecodeOptions, *, prefix: torch.Tensor | None = None,
                need_attention: bool = False) -> list[list[Hypothesis]]:
         """Dispatch to greedy search, beam search or sampling for one padded batch (B, S)."""
-        common = dict(max_len_a=self.max_len_a if opts.max_len_a is None else opts.max_len_a,
-                      max_len_b=self.max_len_b if opts.max_len_b is None else opts.max_len_b,
-                      min_len=opts.min_len, prefix=prefix, no_repeat_ngram=opts.no_repeat_ngram,
-                      need_attention=need_attention, attention_layer=opts.attention_layer)
+        a, b, cap = self.output_limit(opts)
+        common = dict(max_len_a=a, max_len_b=b, max_len=cap, min_len=opts.min_len, prefix=prefix,
+                      no_repeat_ngram=opts.no_repeat_ngram, need_attention=need_attention,
+                      attention_layer=opts.attention_layer)
         if opts.sampling:
             return self._sample(src, opts, common)
         if opts.beam == 1:
@@ -143,19 +152,27 @@ class Translator:
 
     def translate(self, sentences: list[str], options: DecodeOptions | None = None, *,
                   prefixes: list[str] | None = None, batch_size: int = 64, max_tokens: int = 0,
-                  need_attention: bool = False, **kw) -> list[Translation]:
+                  need_attention: bool = False, memory_budget: int | None = None, **kw) -> list[Translation]:
         """Translate in length-sorted batches (less padding); results come back in input order.
 
         Options come as a DecodeOptions or as keywords (`beam=5, len_penalty=1.0`); `prefixes` force
         each output to start with the given target text. With nbest > 1 each result lists the others
-        in `.nbest`. Batches hold at most `batch_size` sentences and, if set, `max_tokens` source tokens.
+        in `.nbest`. Batches hold at most `batch_size` sentences and, if set, `max_tokens` source tokens,
+        and are cut further until each search fits in `memory_budget` bytes (default: half the memory
+        available when the call starts); a sentence that cannot fit alone raises ConfigError.
         """
         opts = options or DecodeOptions(**kw)
         self._check_request(sentences, prefixes, opts, need_attention)
         src_ids = self.encode_sources(sentences)
-        order = sorted(range(len(sentences)), key=lambda i: len(src_ids[i]))
+        lengths = [len(s) + 1 for s in src_ids]  # with EOS
+        order = sorted(range(len(sentences)), key=lambda i: lengths[i])
+        if memory_budget is None:
+            available = available_memory(self.device)
+            memory_budget = available // 2 if available else 0
         results: list[Translation | None] = [None] * len(sentences)
-        for idx in _batches(order, [len(s) + 1 for s in src_ids], batch_size, max_tokens):
+        batches = [part for group in _batches(order, lengths, batch_size, max_tokens)
+                   for part in self._fit(group, lengths, opts, need_attention, memory_budget)]
+        for idx in batches:
             batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(self.device)
             nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
                                  need_attention=need_attention)
@@ -166,6 +183,28 @@ class Translator:
                 hyps[0].nbest = hyps[1:]
                 results[i] = hyps[0]
         return results  # type: ignore[return-value]
+
+    def search_bytes(self, sentences: int, src_len: int, opts: DecodeOptions, need_attention: bool = False) -> int:
+        """An upper estimate of the memory one search over `sentences` sources of `src_len` tokens takes."""
+        a, b, cap = self.output_limit(opts)
+        return search_bytes(SearchShape.of(self.model.config), sentences=sentences,
+                            expand=opts.nbest if opts.sampling else opts.beam, src_len=src_len,
+                            out_len=min(int(src_len * a + b), cap), need_attention=need_attention)
+
+    def _fit(self, idx: list[int], lengths: list[int], opts: DecodeOptions, need_attention: bool,
+             budget: int) -> list[list[int]]:
+        """`idx` cut in halves until each part's search fits in `budget` bytes (0: no limit)."""
+        need = self.search_bytes(len(idx), max(lengths[i] for i in idx), opts, need_attention)
+        if not budget or need <= budget:
+            return [idx]
+        if len(idx) == 1:
+            flag = "--nbest" if opts.sampling else "--beam"
+            raise ConfigError(f"{flag} {opts.nbest if opts.sampling else opts.beam} needs about {gigabytes(need)} "
+                              f"for a {lengths[idx[0]]}-token sentence, more than the {gigabytes(budget)} it may "
+                              f"use: lower {flag}")
+        half = len(idx) // 2
+        return self._fit(idx[:half], lengths, opts, need_attention, budget) + \
+            self._fit(idx[half:], lengths, opts, need_attention, budget)
 
     def _check_request(self, sentences: list[str], prefixes: list[str] | None, opts: DecodeOptions,
                        need_attention: bool) -> None:

@@ -1,0 +1,37 @@
+"""Helpers for the service's tests: a real uvicorn server on loopback, in a thread of the test process."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(app) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 while the block runs; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(300):
+        if server.started or not thread.is_alive():
+            break
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start within 15 s"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive()
