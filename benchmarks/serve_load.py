@@ -6,7 +6,8 @@
 1. translates the test sentences once with `attnkit translate` (greedy): the expected answers;
 2. starts `attnkit serve` with the same checkpoint in its own process;
 3. for each C (1, 8, 32, 128 by default) sends N requests of one sentence each from C asyncio clients
-   (httpx), each client sending its next request when the previous one is answered;
+   (aiohttp: `pip install aiohttp`; httpx's client took a whole core of its own at 128 connections), each
+   client sending its next request when the previous one is answered;
 4. reports throughput, p50 / p99 latency, the server's peak resident memory during that phase (sampled
    every 20 ms from /proc), and the answers that differ from `attnkit translate` (must be 0);
 5. writes OUT/results.json and OUT/results.md.
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -52,16 +54,17 @@ async def phase(url: str, pid: int, clients: int, requests: int, sentences: list
     latencies, wrong, errors, peak = [], 0, 0, rss_mb(pid)
     done = asyncio.Event()
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(http: aiohttp.ClientSession) -> None:
         nonlocal wrong, errors
         while not todo.empty():
             i = todo.get_nowait()
             start = time.perf_counter()
-            r = await http.post("/translate", json={"text": sentences[i]})
+            async with http.post(f"{url}/translate", json={"text": sentences[i]}) as r:
+                answer = await r.json()
             latencies.append(time.perf_counter() - start)
-            if r.status_code != 200:
+            if r.status != 200:
                 errors += 1
-            elif r.json()["translations"][0]["text"] != expected[i]:
+            elif answer["translations"][0]["text"] != expected[i]:
                 wrong += 1
 
     async def sample_memory() -> None:
@@ -70,18 +73,18 @@ async def phase(url: str, pid: int, clients: int, requests: int, sentences: list
             peak = max(peak, rss_mb(pid))
             await asyncio.sleep(0.02)
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
         sampler = asyncio.create_task(sample_memory())
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(http) for _ in range(clients)))
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         done.set()
         await sampler
     lat = np.array(latencies) * 1000
     return {"clients": clients, "requests": requests, "seconds": seconds, "requests_per_s": requests / seconds,
             "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-            "peak_rss_mb": peak, "wrong": wrong, "errors": errors}
+            "peak_rss_mb": peak, "wrong": wrong, "errors": errors, "client_cpu_s": cpu}
 
 
 def start_server(checkpoint: str, port: int) -> subprocess.Popen:
@@ -114,7 +117,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--data", default="../shared/data/multi30k")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
-    ap.add_argument("--requests", type=int, default=400, help="requests per concurrency level")
+    ap.add_argument("--requests", type=int, default=1000, help="requests per concurrency level")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--out", default="benchmarks/results/serve-load")
     args = ap.parse_args()

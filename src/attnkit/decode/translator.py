@@ -200,8 +200,8 @@ class Translator:
         if len(idx) == 1:
             flag = "--nbest" if opts.sampling else "--beam"
             raise ConfigError(f"{flag} {opts.nbest if opts.sampling else opts.beam} needs about {gigabytes(need)} "
-                              f"for a {lengths[idx[0]]}-token sentence, more than the {gigabytes(budget)} it may "
-                              f"use: lower {flag}")
+                              f"for one sentence of {lengths[idx[0]]} tokens, more than the {gigabytes(budget)} it "
+                              f"may use: lower {flag}")
         half = len(idx) // 2
         return self._fit(idx[:half], lengths, opts, need_attention, budget) + \
             self._fit(idx[half:], lengths, opts, need_attention, budget)
