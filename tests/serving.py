@@ -1,4 +1,5 @@
-"""Helpers for the service's tests: a real uvicorn server on loopback, in a thread of the test process."""
+"""Helpers for the service's tests: a real uvicorn server on loopback, in a thread of the test process, and a
+translator that fails on demand."""
 
 from __future__ import annotations
 
@@ -9,6 +10,28 @@ import time
 from collections.abc import Iterator
 
 import uvicorn
+
+from attnkit.decode.translator import Translator
+
+BOOM = "kaputt"  # the test translator fails on any batch that holds this sentence
+
+
+class FaultyTranslator(Translator):
+    """Records the size of every translate() call (to see requests batched), waits `delay` seconds per call
+    (to fill the queue), and fails every batch that holds BOOM."""
+
+    delay = 0.0
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.calls: list[int] = []
+
+    def translate(self, sentences, options=None, **kw):
+        self.calls.append(len(sentences))
+        time.sleep(self.delay)
+        if BOOM in sentences:
+            raise RuntimeError("simulated failure")
+        return super().translate(sentences, options, **kw)
 
 
 def free_port() -> int:

@@ -12,30 +12,14 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from attnkit.decode.translator import Translator  # noqa: E402
 from attnkit.serve import create_app  # noqa: E402
-from serving import free_port, running  # noqa: E402
-
-BOOM = "kaputt"  # a sentence the test translator fails on, to check a failed batch leaves the worker alive
-
-
-class CountingTranslator(Translator):
-    """Records the size of every translate() call, so the test can see requests being batched."""
-
-    calls: list[int] = []  # replaced per instance by the fixture
-
-    def translate(self, sentences, options=None, **kw):
-        self.calls.append(len(sentences))
-        if BOOM in sentences:
-            raise RuntimeError("simulated failure")
-        return super().translate(sentences, options, **kw)
+from serving import BOOM, FaultyTranslator, free_port, running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def translator(trained) -> CountingTranslator:
+def translator(trained) -> FaultyTranslator:
     """The tiny run of conftest's `trained` (prepare -> train six steps through the CLI), on the CPU."""
-    translator = CountingTranslator.from_checkpoint(trained[1] / "checkpoints" / "last.safetensors", "cpu")
-    translator.calls = []
+    translator = FaultyTranslator.from_checkpoint(trained[1] / "checkpoints" / "last.safetensors", "cpu")
     translator.checkpoint_path = trained[1] / "checkpoints" / "last.safetensors"
     return translator
 

@@ -23,21 +23,7 @@ httpx = pytest.importorskip("httpx")
 from attnkit.decode.translator import Translator  # noqa: E402
 from attnkit.runtime import resident_mb  # noqa: E402
 from attnkit.serve import create_app  # noqa: E402
-from serving import free_port, running  # noqa: E402
-
-BOOM = "kaputt"  # the test translator fails on any batch that holds this sentence
-
-
-class FlakyTranslator(Translator):
-    """Fails every batch that holds BOOM; waits `delay` seconds per call (to fill the queue, or time out)."""
-
-    delay = 0.0
-
-    def translate(self, sentences, options=None, **kw):
-        time.sleep(self.delay)
-        if BOOM in sentences:
-            raise RuntimeError("simulated failure")
-        return super().translate(sentences, options, **kw)
+from serving import BOOM, FaultyTranslator, free_port, running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +32,8 @@ def checkpoint(trained) -> Path:
 
 
 @pytest.fixture(scope="module")
-def translator(checkpoint) -> FlakyTranslator:
-    return FlakyTranslator.from_checkpoint(checkpoint, "cpu")
+def translator(checkpoint) -> FaultyTranslator:
+    return FaultyTranslator.from_checkpoint(checkpoint, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +114,7 @@ def test_each_bad_input_fails_alone_while_good_requests_beside_it_are_answered(u
 
 
 def test_a_full_queue_answers_503_with_retry_after_then_recovers(translator, sources):
-    slow = FlakyTranslator(translator.model, translator.src_tok, translator.tgt_tok, device="cpu")
+    slow = FaultyTranslator(translator.model, translator.src_tok, translator.tgt_tok, device="cpu")
     slow.delay = 0.3
     with running(create_app(slow, max_batch_sentences=1, batch_wait_ms=0, max_queue=2)) as base:
         with ThreadPoolExecutor(12) as pool:

@@ -153,7 +153,7 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
 
     app = FastAPI(title="attnkit", version=__version__, lifespan=lifespan,
                   description="Translate text with an attnkit checkpoint. Errors are `{\"error\": \"...\"}`.")
-    app.state.batcher, app.state.metrics, app.state.limits = batcher, metrics, caps
+    app.state.batcher, app.state.request_timeout_s = batcher, request_timeout_s
     _install_error_handlers(app)
     _install_metrics(app, metrics)
     errors = {code: {"model": ErrorOut} for code in (400, 413, 415, 422, 500, 503, 504)}
@@ -221,7 +221,7 @@ def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device:
     """
     translator = Translator.from_checkpoint(checkpoint, device)
     app = create_app(translator, **app_kw)
-    grace = app_kw.get("request_timeout_s", 60.0) + 5
+    grace = app.state.request_timeout_s + 5  # the longest an accepted request can still take
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=grace)
     # uvicorn re-raises the signal that stopped it once it has drained; a handler here makes that a no-op
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
