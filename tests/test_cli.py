@@ -105,7 +105,8 @@ def test_bad_options_and_configs_give_one_line_errors(capsys, tmp_path, trained)
 
 
 def test_all_presets_resolve():
-    from attnkit.config import PRESET_DIR, resolve
+    from attnkit.config import resolve
+    from attnkit.presets import PRESET_DIR
 
     names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
     assert {"transformer-base", "transformer-big", "transformer-small", "multi30k", "demo"} <= set(names)
@@ -147,11 +148,11 @@ def test_translate_beam_nbest_tsv_alignment_and_score(capsys, tmp_path, trained,
     code, out, err = run(capsys, "translate", "--checkpoint", ckpt, "--input", src, "--beam", "3", "--nbest", "2",
                          "--format", "tsv", "--print-alignment", "--device", "cpu")
     assert code == 0, err
-    rows = [line.split("\t") for line in out.splitlines()]
-    assert [(r[0], r[1]) for r in rows] == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    _, *rows = [line.split("\t") for line in out.splitlines()]  # the header: test_cli_help.py
+    assert [(r[0], r[1]) for r in rows] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")]
     assert float(rows[0][3]) >= float(rows[1][3]) and rows[0][4] != rows[1][4]  # sorted, distinct
     for r in rows:  # one src-tgt pair per target piece
-        assert all("-" in pair for pair in r[5].split())
+        assert len(r[7].split()) == len(r[6].split()) and all("-" in pair for pair in r[7].split())
     # forced decoding (exactness vs the search's own scores is tested at token level in test_decode.py;
     # re-encoding detokenised text may pick other subwords than an untrained model produced)
     hyp = tmp_path / "hyp.en"

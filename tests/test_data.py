@@ -340,8 +340,23 @@ def test_number_corpus_splits_disjoint_and_sized():
     sets = {k: set(zip(*v)) for k, v in corpus.items()}
     assert not sets["train"] & sets["valid"] and not sets["train"] & sets["test"]
     assert not sets["valid"] & sets["test"]
-    assert ("einundzwanzig", "twenty-one") in sets["train"]
-    assert ("hundert", "one hundred") in sets["train"] or ("einhundert", "one hundred") in sets["train"]
+    assert {("null", "zero"), ("einundzwanzig", "twenty-one"), ("einhundert", "one hundred")} <= sets["train"]
+
+
+def test_every_magnitude_is_drawn_in_even_shares():
+    """Hundreds, thousands, ten and hundred thousands: the same share of dev and test each, and of train
+    beyond the building blocks 0..100 (the small bands are full before the large ones)."""
+    from attnkit.data.demo_corpus import EXAMPLES, _draw_numbers, magnitude_bands, spread
+
+    assert magnitude_bands(999_999) == [(101, 999), (1000, 9999), (10_000, 99_999), (100_000, 999_999)]
+    assert spread(10, [2, 100, 100]) == [2, 4, 4] and spread(7, [5, 5]) == [3, 4]
+    numbers = _draw_numbers(24_000, 1000, 1000, 999_999, seed=0)
+    digits = {k: np.bincount([len(str(n)) for n in v], minlength=7).tolist() for k, v in numbers.items()}
+    assert digits["test"] == digits["valid"] == [0, 0, 0, 250, 250, 250, 250]
+    assert digits["train"] == [0, 10, 90, 400, 7833, 7833, 7834]  # 0..100, then 399 of 101..999, then thirds
+    assert set(EXAMPLES) <= set(numbers["test"].tolist())  # the README's examples are test sentences
+    with pytest.raises(ConfigError, match="cannot draw that many"):
+        spread(11, [5, 5])
 
 
 def test_number_corpus_is_seeded_and_validated():

@@ -418,24 +418,30 @@ def test_translate_cli_answers_every_line_or_says_why(capsys, tmp_path, trained,
 
 def check_translate_run(code: int, stdout: str | None, err: str, out: Path, options: dict[str, str | None],
                         name: object, plain: bytes | None, translator) -> None:
-    """Exit 0 with one output line per input line (per n-best entry), or 2 with one line saying why."""
+    """Exit 0 with one output line per input line (per n-best entry; TSV adds a header), or 2 with one line
+    saying why. Empty input is an error from a file and from stdin alike (not in interactive mode)."""
     event(f"exit {code}")
     assert code in (0, 2), (code, err)
     if code == 2:
-        if "usage:" in err:  # argparse rejected a value (e.g. --beam 0 is ours to reject, --format x is argparse's)
-            assert err.strip().splitlines()[-1].startswith("attnkit translate: error:")
+        if err.startswith("attnkit translate: error:"):  # argparse rejected a value (--format x): one line too
+            assert err.count("\n") == 1 and err.endswith("(see `attnkit translate --help`)\n"), err
             return
         assert_cli_error(err, name, "prefix", "--", "sampling")
+        if plain == b"" and stdout is None:
+            assert err == f"attnkit: error: {name} is empty\n"
         if plain and first_bad_line(plain) and "UTF-8" in err:
             assert f"{name}:{first_bad_line(plain)}: invalid UTF-8" in err, err
         return
+    assert plain or stdout is not None, "an empty input must be an error"
     text = out.read_text(encoding="utf-8") if stdout is None else stdout
     lines = expected_lines(plain) if plain else []
     nbest = int(options.get("--nbest") or 1)
-    assert text.count("\n") == nbest * len(lines), (text, lines)
-    if options.get("--format") == "tsv":
-        assert [int(row.split("\t")[0]) for row in text.split("\n")[:-1]] == [i for i in range(len(lines))
-                                                                              for _ in range(nbest)]
+    tsv = options.get("--format") == "tsv"
+    assert text.count("\n") == nbest * len(lines) + tsv, (text, lines)
+    if tsv:
+        header, *rows = text.split("\n")[:-1]
+        assert header.startswith("line\trank\tscore\t")
+        assert [int(row.split("\t")[0]) for row in rows] == [i for i in range(1, len(lines) + 1) for _ in range(nbest)]
     for i in too_long(translator, lines):  # interactive mode translates one line at a time: always input 1
         assert f"input {1 if stdout is not None else i} has" in err and "truncated" in err, err
 

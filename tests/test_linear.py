@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.nn import FeedForward, Linear, linear
-from attnkit.nn.linear import packable
+from attnkit.nn.linear import PackedWeights, packable, prepacked
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built in")
 ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}
@@ -24,7 +24,7 @@ def test_packed_linear_equals_f_linear(rows, activation, shape):
     lin = Linear(16, 24)
     x = torch.randn(shape)
     w, b = (lin.weight, lin.bias) if rows is None else (lin.weight[rows[0] : rows[1]], lin.bias[rows[0] : rows[1]])
-    with torch.no_grad():
+    with torch.no_grad(), prepacked():
         assert packable(x, lin.weight)
         out = linear(x, lin.weight, lin.bias, rows=rows, activation=activation)
         ref = ACTIVATIONS[activation](F.linear(x, w, b))
@@ -33,15 +33,15 @@ def test_packed_linear_equals_f_linear(rows, activation, shape):
 
 
 @needs_mkldnn
-def test_packed_weights_follow_every_change_of_the_weight():
+def test_packed_weights_follow_every_change_of_the_weight_the_version_counter_sees():
     torch.manual_seed(1)
-    lin, x = Linear(8, 6), torch.randn(4, 8)
+    lin, x, cache = Linear(8, 6), torch.randn(4, 8), PackedWeights()
     opt = torch.optim.SGD(lin.parameters(), lr=0.5)
-    with torch.no_grad():
+    with torch.no_grad(), prepacked(cache):
         before = lin(x)
     lin(x).square().sum().backward()
     opt.step()  # in place: the version counter moves
-    with torch.no_grad():
+    with torch.no_grad(), prepacked(cache):
         after = lin(x)
         assert not torch.allclose(before, after)
         torch.testing.assert_close(after, F.linear(x, lin.weight, lin.bias))
@@ -52,17 +52,40 @@ def test_packed_weights_follow_every_change_of_the_weight():
 
 
 @needs_mkldnn
-def test_packed_copies_go_with_their_weights():
-    from attnkit.nn.linear import _PACKED
-
-    lin = Linear(8, 6)
+def test_a_fused_optimizer_step_never_meets_an_old_packed_copy():
+    """Fused AdamW updates the weights without moving their version counter: a cache kept across the step
+    would serve the old weights. Inference outside a scope, and every new scope, sees the new ones."""
+    torch.manual_seed(5)
+    lin, x = Linear(8, 6), torch.randn(4, 8)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.5, fused=True)
+    with torch.no_grad(), prepacked():
+        lin(x)
+    version = lin.weight._version
+    lin(x).square().sum().backward()
+    opt.step()
+    assert lin.weight._version == version  # the reason caches must not outlive fixed weights
+    reference = F.linear(x, lin.weight, lin.bias)
     with torch.no_grad():
-        lin(torch.randn(2, 8))
-    key = id(lin.weight)
-    assert _PACKED[key][0]() is lin.weight
+        assert not packable(x, lin.weight)  # no scope: F.linear
+        torch.testing.assert_close(lin(x), reference)
+        with prepacked():
+            torch.testing.assert_close(lin(x), reference)
+
+
+@needs_mkldnn
+def test_packed_copies_go_with_their_weights_and_their_scope():
+    lin, cache = Linear(8, 6), PackedWeights()
+    with torch.no_grad(), prepacked(cache) as inner:
+        assert inner is cache
+        with prepacked() as nested:
+            assert nested is cache  # an open scope is reused
+            lin(torch.randn(2, 8))
+    assert len(cache) == 1
     del lin
     gc.collect()
-    assert key not in _PACKED  # no copy outlives its Parameter
+    assert len(cache) == 0  # no copy outlives its Parameter
+    with torch.no_grad():
+        assert not packable(torch.randn(2, 8), Linear(8, 6).weight)  # the scope has ended
 
 
 def test_linear_records_gradients_and_leaves_autocast_alone():
@@ -76,7 +99,7 @@ def test_linear_records_gradients_and_leaves_autocast_alone():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert not packable(x, lin.weight)
         assert lin(x).dtype == torch.bfloat16  # autocast's cast, not the packed float32 product
-    with torch.no_grad():
+    with torch.no_grad(), prepacked():
         assert not packable(x.double(), lin.weight)  # dtypes differ: F.linear raises as usual
         assert not packable(x, lin.weight * 1.0)  # not a Parameter: nothing to cache
 
@@ -84,7 +107,7 @@ def test_linear_records_gradients_and_leaves_autocast_alone():
 def test_feed_forward_is_the_same_function_in_training_and_inference():
     torch.manual_seed(3)
     ffn, x = FeedForward(8, 32, activation="gelu").eval(), torch.randn(2, 3, 8)
-    with torch.no_grad():
+    with torch.no_grad(), prepacked():
         inference = ffn(x)
     torch.testing.assert_close(ffn(x), inference, atol=1e-5, rtol=1e-5)
     ref = F.linear(F.gelu(F.linear(x, ffn.w1.weight, ffn.w1.bias)), ffn.w2.weight, ffn.w2.bias)
@@ -97,7 +120,7 @@ def test_packed_linear_in_bfloat16():
     torch.manual_seed(4)
     lin = Linear(32, 16).to(torch.bfloat16)
     x = torch.randn(6, 32, dtype=torch.bfloat16)
-    with torch.no_grad():
+    with torch.no_grad(), prepacked():
         assert packable(x, lin.weight)
         out = lin(x)
     assert out.dtype == torch.bfloat16

@@ -292,8 +292,8 @@ def test_train_translate_and_align_from_the_command_line(capsys, tmp_path, data_
     assert main(["translate", "--checkpoint", run / "checkpoints" / "last.safetensors", "--input",
                  corpus_files["test"][0], "--beam", "2", "--format", "tsv", "--print-alignment",
                  "--device", "cpu"]) == 0
-    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
-    assert len(rows) == 30 and all(len(r) == 6 for r in rows)
+    header, *rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 30 and all(len(r) == len(header) == 8 for r in rows)
     t = Translator.from_checkpoint(run / "checkpoints" / "last.safetensors", device="cpu")
     out = t.translate(["einundzwanzig"], need_attention=True)[0]
     assert out.attention.shape == (len(out.tgt_pieces) + 1, 1, len(out.src_pieces))

@@ -181,3 +181,23 @@ def test_a_compiled_model_trains_like_the_eager_one(tmp_path, data_dir, backend)
     with torch.no_grad():
         torch.testing.assert_close(compiled.model(batch.src, batch.tgt_in), eager.model(batch.src, batch.tgt_in),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_the_dev_figures_of_training_are_those_of_the_saved_weights(tmp_path, data_dir):
+    """The dev BLEU / exact match / NLL logged after an epoch equal what a fresh process computes from the
+    checkpoint saved then: no state of the training process (a stale prepacked weight after a fused
+    optimizer step, autocast) leaks into them."""
+    from attnkit.checkpoint import load_checkpoint
+    from attnkit.data import read_lines
+    from attnkit.decode import Translator
+    from attnkit.eval import translate_and_score
+
+    cfg = tiny_run_config(max_epochs=3, eval_bleu=True, lr=1e-2)
+    logged = Trainer(cfg, data_dir, tmp_path / "run", progress=False).fit()
+    last = tmp_path / "run" / "checkpoints" / "last.safetensors"
+    sources, refs = read_lines(data_dir / "valid.src.txt"), read_lines(data_dir / "valid.tgt.txt")
+    _, scores = translate_and_score(Translator.from_checkpoint(last, device="cpu"), sources, refs)
+    assert (scores.bleu, scores.exact) == (logged["bleu"], logged["exact"])
+    fresh = Trainer(cfg, data_dir, tmp_path / "fresh", progress=False)
+    fresh.model.load_state_dict(load_checkpoint(last).model_state)
+    assert fresh.evaluate()["nll"] == pytest.approx(logged["nll"], rel=1e-6)

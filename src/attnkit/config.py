@@ -1,4 +1,4 @@
-"""One config system: frozen dataclasses, YAML presets layered under dotted CLI overrides.
+"""One config system: frozen dataclasses, YAML presets layered under dotted CLI overrides (attnkit.presets).
 
 A run's config is `RunConfig(model=TransformerConfig, train=TrainConfig)`. Presets are YAML files in
 `attnkit/configs/` (or any path); overrides look like `--model.d_model=256` or `train.lr=1e-3`.
@@ -12,14 +12,11 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
+from attnkit.errors import ConfigError, did_you_mean
+from attnkit.presets import apply_overrides, deep_merge, load_yaml, preset_path
 
-from attnkit.errors import ConfigError
-
-PRESET_DIR = Path(__file__).parent / "configs"
 # The ids every vocabulary reserves (attnkit.data.tokenizer makes sentencepiece use them): models mask PAD,
 # searches start from BOS and stop at EOS. Fixed, not configurable: every stage relies on them.
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -175,7 +172,7 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
         if key not in names:
-            raise ConfigError(f"unknown config key {path!r} (known: {', '.join(sorted(names))})")
+            raise ConfigError(f"unknown config key {path!r}{did_you_mean(key, names, f'{where}.' if where else '')}")
         kwargs[key] = _coerce(hints[key], value, path)
     try:
         return cls(**kwargs)
@@ -214,90 +211,6 @@ def _float(text: str, path: str) -> float:
     if not math.isfinite(value):
         raise ConfigError(f"{path}: expected a finite number, got {text!r}")
     return value
-
-
-def preset_path(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.exists():
-            raise ConfigError(f"no such config file: {str(path)!r}")
-        return path
-    candidate = PRESET_DIR / f"{name_or_path}.yaml"
-    if not candidate.exists():
-        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown preset {name_or_path!r} (known: {known})")
-    return candidate
-
-
-def load_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict:
-    data = _parse_yaml(path)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    # A preset may build on another: `base: transformer-small`.
-    base = data.pop("base", None)
-    if not base:
-        return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: base: expected a preset name or file, got {base!r}")
-    base_path = preset_path(base)
-    if base_path.resolve() in _seen + (path.resolve(),):
-        raise ConfigError(f"{path}: base: {base!r} builds on itself")
-    return deep_merge(load_yaml(base_path, _seen + (path.resolve(),)), data)
-
-
-def _parse_yaml(path: Path) -> Any:
-    """The YAML document in `path`; every way it can be unreadable becomes a one-line ConfigError."""
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: invalid YAML ({e.problem or e.context or 'syntax error'})") from None
-    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, most control characters)
-        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
-        raise ConfigError(f"{path}: invalid YAML ({e.reason}: {char} at character {e.position})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({' '.join(str(e).split())})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid YAML (nested too deeply)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config {path}: {e}") from None
-
-
-def deep_merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for key, value in update.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`model.d_model=256` -> (['model', 'd_model'], 256); values are parsed as YAML scalars."""
-    text = text.removeprefix("--")
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' must look like section.key=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except (yaml.YAMLError, RecursionError):
-        value = raw
-    return key.split("."), value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    data = dict(data)
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = data
-        for depth, k in enumerate(keys[:-1], start=1):
-            if not isinstance(node.get(k) or {}, dict):
-                raise ConfigError(f"override {text!r}: {'.'.join(keys[:depth])} is a value, not a section")
-            node[k] = dict(node.get(k) or {})
-            node = node[k]
-        node[keys[-1]] = value
-    return data
 
 
 def upgrade(data: dict) -> dict:

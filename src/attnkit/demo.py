@@ -11,8 +11,9 @@ from pathlib import Path
 
 from attnkit import config as cfgmod
 from attnkit.data import prepare, read_lines, write_number_corpus
+from attnkit.data.demo_corpus import EXAMPLES, spell
 from attnkit.decode import Translator
-from attnkit.eval import Scores, score_corpus
+from attnkit.eval import Scores, translate_and_score
 from attnkit.io import atomic_write_text, ensure_new_output
 from attnkit.train.trainer import Trainer
 from attnkit.viz import plot_attention_heads
@@ -21,9 +22,19 @@ from attnkit.viz import plot_attention_heads
 @dataclass
 class DemoResult:
     scores: Scores
-    samples: list[tuple[str, str, str]]  # (source, hypothesis, reference)
+    samples: list[tuple[str, str, str]]  # the README's examples from the test set: (source, hypothesis, reference)
     heatmap: Path
     checkpoint: Path
+
+
+def readme_examples(translator: Translator, sources: list[str], texts: list[str]) -> list[tuple[str, str, str]]:
+    """(German, translation, English) for the README's EXAMPLES: the test set's translations (the corpus
+    puts them there), or translated now where a small test set left one out."""
+    found = dict(zip(sources, texts))
+    german, english = spell(EXAMPLES)
+    missing = [g for g in german if g not in found]
+    found.update(zip(missing, translator.translate_texts(missing)))
+    return [(g, found[g], e) for g, e in zip(german, english)]
 
 
 def run_demo(out_dir: str | Path, *, overrides: list[str] = (), n_train: int = 24000, n_eval: int = 1000,
@@ -41,15 +52,13 @@ def run_demo(out_dir: str | Path, *, overrides: list[str] = (), n_train: int = 2
     say("4/4 translating the test set")
     translator = Translator.from_checkpoint(trainer.best_path, device=cfg.train.device)
     sources, refs = read_lines(files["test"][0]), read_lines(files["test"][1])
-    hyps = translator.translate(sources)
+    hyps, scores = translate_and_score(translator, sources, refs)
     texts = [h.text for h in hyps]
     atomic_write_text(out / "test.hyp", "\n".join(texts) + "\n")
-    scores = score_corpus(texts, refs)
-    # Draw the longest correctly translated test sentence: the alignment is most interesting there.
-    example = max(range(len(sources)), key=lambda i: len(hyps[i].src_pieces) if texts[i] == refs[i] else 0)
+    samples = readme_examples(translator, sources, texts)
+    # The README's first example: units before tens in German, after them in English, a crossing to see.
     heatmap = out / "attention.png"
-    h = translator.translate([sources[example]], need_attention=True)[0]
+    h = translator.translate([samples[0][0]], need_attention=True)[0]
     plot_attention_heads(h.attention.transpose(0, 1), h.tgt_pieces + ["</s>"], h.src_pieces, heatmap,
-                         title=f"cross-attention, last decoder layer: {sources[example]}")
-    samples = [(sources[i], texts[i], refs[i]) for i in range(5)]
+                         title=f"cross-attention, last decoder layer: {samples[0][0]}")
     return DemoResult(scores, samples, heatmap, trainer.best_path)

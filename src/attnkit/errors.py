@@ -1,5 +1,7 @@
 """Errors a user can cause. The CLI prints them as one line and exits with code 2."""
 
+import difflib
+
 
 class AttnkitError(Exception):
     """A mistake in the user's input (file, option, config): reported as one line, no traceback."""
@@ -15,3 +17,11 @@ class ConfigError(AttnkitError):
 
 class CheckpointError(AttnkitError):
     """A checkpoint is missing, truncated or of another kind."""
+
+
+def did_you_mean(word: str, known, prefix: str = "") -> str:
+    """"; did you mean 'x'?" for the closest known name, else the list of them."""
+    close = difflib.get_close_matches(word, list(known), n=1) or sorted(
+        (k for k in known if min(len(k), len(word)) >= 2 and (word.startswith(k) or k.startswith(word))),
+        key=lambda k: -len(k))[:1]
+    return f"; did you mean {prefix + close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.cli.options import add_decode_options, add_trust_option, decode_options
+from attnkit.cli.options import add_decode_options, add_device_option, add_overrides, add_trust_option, decode_options
 from attnkit.errors import AttnkitError
 
 
@@ -21,7 +21,8 @@ def add_parsers(sub) -> dict[str, Callable]:
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
     c = ex.add_parser("compare", help="train several models on the same data and budget; table + bar plot")
-    c.set_defaults(takes_overrides=True, bounds_kernel_caches=True, run=cmd_compare)
+    c.set_defaults(bounds_kernel_caches=True, run=cmd_compare)
+    add_overrides(c)
     c.add_argument("--data", required=True, help="folder written by `attnkit prepare`")
     c.add_argument("--out", required=True, help="folder for the runs (OUT/<model>), compare.{csv,md,png}")
     c.add_argument("--models", nargs="+", default=["rnn-seq2seq", "rnn-bahdanau"], metavar="PRESET|FILE",
@@ -39,7 +40,7 @@ def add_parsers(sub) -> dict[str, Callable]:
                    help="checkpoints to compare; the label defaults to the run folder's name")
     add_trust_option(b)
     b.add_argument("--data", help="prepared data folder: translate its --split")
-    b.add_argument("--split", choices=["valid", "test"], default="test")
+    b.add_argument("--split", choices=["valid", "test"], default="test", help="with --data: which split")
     b.add_argument("--src", help="source file (instead of --data)")
     b.add_argument("--ref", help="reference file, line-aligned with --src")
     b.add_argument("--out", required=True, help="folder for by_length.{csv,md,png}")
@@ -48,7 +49,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     b.add_argument("--unit", choices=["words", "pieces"], default="words",
                    help="count source length in words (default) or subword pieces")
     b.add_argument("--metric", choices=["bleu", "bleu_lc"], default="bleu", help="what the chart plots")
-    b.add_argument("--device", default="auto")
+    add_device_option(b)
     add_decode_options(b)
     return {"experiment": cmd_experiment}
 

@@ -15,7 +15,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from attnkit.cli.options import add_checkpoint_option, add_train_options
+from attnkit.cli.options import (
+    add_checkpoint_option,
+    add_config_option,
+    add_device_option,
+    add_overrides,
+    add_sampling_options,
+    add_train_options,
+)
 
 DEFAULT_PRESET = "lm-char-small"
 
@@ -43,7 +50,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(e)
     e.add_argument("--data", required=True, help="prepared corpus folder")
-    e.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    e.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="which split to score")
     e.add_argument("--tgt-len", type=int, help="segment length (default: the run's eval length)")
     e.add_argument("--mem-len", type=int, help="XL memory length (default: the run's eval memory)")
     e.add_argument("--clamp-len", type=int, help="clamp relative distances (default: the run's)")
@@ -51,7 +58,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.add_argument("--sliding-window", type=int, default=0, metavar="W",
                    help="also score with the Al-Rfou sliding window of W tokens (one prediction per window)")
     e.add_argument("--max-tokens", type=int, default=0, help="score only the first N tokens (0 = all)")
-    e.add_argument("--device", default="auto")
+    add_device_option(e)
 
     g = verbs.add_parser("generate", help="sample text, carrying the XL memory forward one token per step")
     g.set_defaults(keeps_freed_memory=True)
@@ -59,20 +66,16 @@ def add_parsers(sub) -> dict[str, Callable]:
     g.add_argument("--prompt", default="", help="text to continue (default: start of a line)")
     g.add_argument("--length", type=int, default=200, help="tokens to generate")
     g.add_argument("--mem-len", type=int, help="XL memory / vanilla window (default: the run's eval memory)")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto")
+    add_sampling_options(g)
+    add_device_option(g)
 
     s = verbs.add_parser("speed", help="per-token eval time: vanilla sliding window vs Transformer-XL, and the ratio")
-    s.set_defaults(takes_overrides=True)
-    s.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
-                   help="model preset (default: the LM workload, d 256, 4 heads, FFN 1024, 4 layers, vocab 256)")
+    add_overrides(s)
+    add_config_option(s, "lm-workload: d 256, 4 heads, FFN 1024, 4 layers, vocab 256")
     s.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024], help="attention lengths")
     s.add_argument("--runs", type=int, default=5, help="timed calls per measurement (median)")
     s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    s.add_argument("--device", default="cpu")
+    add_device_option(s, "cpu")
     return {"lm": cmd_lm}
 
 
@@ -95,11 +98,12 @@ def cmd_train(args, overrides: list[str]) -> None:
 
     from attnkit import config as cfgmod
     from attnkit.checkpoint import load_checkpoint
+    from attnkit.presets import apply_overrides
     from attnkit.train.lm_trainer import LMTrainer
 
     last = Path(args.out) / "checkpoints" / "last.safetensors"
     if args.resume and not args.config and last.exists():
-        data = cfgmod.apply_overrides(cfgmod.to_dict(load_checkpoint(last).config), overrides)
+        data = apply_overrides(cfgmod.to_dict(load_checkpoint(last).config), overrides)
         cfg = cfgmod.from_dict(cfgmod.LMRunConfig, data)
     else:
         cfg = cfgmod.resolve(args.config or [DEFAULT_PRESET], overrides, cls=cfgmod.LMRunConfig)

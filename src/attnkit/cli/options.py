@@ -1,12 +1,59 @@
-"""Options several verbs share: checkpoints, training runs, decoding, and dotted config overrides."""
+"""Options several verbs share (checkpoints, devices, training runs, decoding, dotted config overrides),
+and the parser every verb is built with: help shows defaults, usage errors are one line."""
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from attnkit.errors import AttnkitError
+from attnkit.presets import preset_names
 
 SECTIONS = ("model.", "train.")
+OVERRIDES_HELP = textwrap.fill(
+    "config overrides: set any field of the config after the presets with --model.FIELD=VALUE or "
+    "--train.FIELD VALUE, e.g. --train.lr=5e-4 --model.dropout 0.3. `attnkit presets NAME` prints every "
+    "field of a preset (and so every name an override can take).", width=78)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions as written and adds "(default: X)" to options whose help does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        silent = action.required or any(action.default is x for x in (None, False, argparse.SUPPRESS)) \
+            or action.default == []
+        if silent or "default" in text or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line that points at --help, with exit code 2."""
+
+    def __init__(self, *args, **kw) -> None:
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kw)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def add_overrides(p: argparse.ArgumentParser) -> None:
+    """The verb takes dotted config overrides; its help says how."""
+    p.set_defaults(takes_overrides=True)
+    p.epilog = OVERRIDES_HELP
+
+
+def add_config_option(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
+                   help=f"YAML preset or file; repeat to layer them, later ones win (default: {default}). "
+                        f"Presets: {', '.join(preset_names())}; `attnkit presets` describes them")
+
+
+def add_device_option(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    p.add_argument("--device", default=default,
+                   help="cpu, cuda, cuda:N or auto (auto: the first CUDA GPU if there is one, else the CPU)")
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -41,11 +88,11 @@ def add_trust_option(p: argparse.ArgumentParser) -> None:
 
 def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str) -> None:
     """The options every training verb shares; it also takes dotted config overrides."""
-    t.set_defaults(takes_overrides=True, bounds_kernel_caches=True)
+    t.set_defaults(bounds_kernel_caches=True)
+    add_overrides(t)
     t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")
     t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
-    t.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
-                   help=f"YAML preset name or file; repeat to layer (default: {default_config})")
+    add_config_option(t, default_config)
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.safetensors")
     t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -58,16 +105,21 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lenpen", type=float, default=1.0, help="length penalty alpha for beam ranking")
     g.add_argument("--len-style", choices=["length", "gnmt"], default="length",
                    help="length: score / |Y|^alpha; gnmt: score / ((5+|Y|)/6)^alpha")
-    g.add_argument("--min-len", type=int, default=0)
+    g.add_argument("--min-len", type=int, default=0, help="end-of-sentence is blocked before this many tokens")
     g.add_argument("--max-len-a", type=float, help="output limit a*|src| + b (default: the checkpoint's)")
-    g.add_argument("--max-len-b", type=int)
+    g.add_argument("--max-len-b", type=int, help="b of the output limit a*|src| + b (default: the checkpoint's)")
     g.add_argument("--max-len", type=int, default=0, help="at most this many output tokens (0: a*|src| + b alone)")
     g.add_argument("--no-repeat-ngram", type=int, default=0, help="block repeated n-grams of this size")
     g.add_argument("--sampling", action="store_true", help="sample instead of searching")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    add_sampling_options(g)
+
+
+def add_sampling_options(g) -> None:
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling: divide the logits by this")
+    g.add_argument("--top-k", type=int, default=0, help="sampling: draw from the k most likely tokens (0: all)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="sampling: draw from the smallest set of tokens holding this much probability (nucleus)")
+    g.add_argument("--seed", type=int, default=0, help="sampling: the random seed (same seed, same samples)")
 
 
 def decode_options(args):
@@ -77,4 +129,4 @@ def decode_options(args):
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, len_penalty=args.lenpen,
                          len_style=args.len_style, min_len=args.min_len, max_len_a=args.max_len_a,
                          max_len_b=args.max_len_b, max_len=args.max_len, no_repeat_ngram=args.no_repeat_ngram,
-                         attention_layer=args.alignment_layer if hasattr(args, "alignment_layer") else -1)
+                         attention_layer=args.alignment_layer - 1 if getattr(args, "alignment_layer", 0) > 0 else -1)

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.cli.options import add_checkpoint_option
+from attnkit.cli.options import add_checkpoint_option, add_config_option, add_device_option, add_overrides
 from attnkit.errors import AttnkitError
 
 HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
@@ -24,10 +24,10 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_checkpoint_option(a)
     a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
     a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
-    a.add_argument("--layer", default="all", help="layer number (1-based, -1 = last) or all (default)")
+    a.add_argument("--layer", default="all", help="layer number counted from 1 (-1 = the last), or all")
     a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "all"],
                    help="encoder self, decoder masked self, encoder-decoder (the only kind of RNN models), "
-                        "a language model's self-attention, or all the model has (default)")
+                        "a language model's self-attention, or all the model has")
     a.add_argument("--mem-len", type=int,
                    help="Transformer-XL: how many leading tokens of the text become the memory; the rest is the "
                         "segment drawn over [memory | segment] (default: the first half)")
@@ -38,55 +38,54 @@ def add_parsers(sub) -> dict[str, Callable]:
     a.add_argument("--tgt-file", help="their targets (default: greedy translations)")
     a.add_argument("--out", help="output file (default attention.png / attention.html); with several kinds "
                                  "the kind is added to the name")
-    a.add_argument("--device", default="cpu")
+    add_device_option(a, "cpu")
     a.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
     pos = what.add_parser("positions", help="the sinusoidal positional encoding and its offset dot products")
-    pos.add_argument("--d-model", type=int, default=128)
-    pos.add_argument("--positions", type=int, default=100)
+    pos.add_argument("--d-model", type=int, default=128, help="encoding dimensions")
+    pos.add_argument("--positions", type=int, default=100, help="positions to draw")
     _out(pos, "positions.png")
 
     s = what.add_parser("schedule", help="the learning-rate curve of a configured schedule")
-    s.set_defaults(takes_overrides=True)
-    s.add_argument("--config", action="append", default=[], metavar="PRESET|FILE",
-                   help="YAML preset or file, as for `attnkit train` (default: the paper's Noam schedule)")
-    s.add_argument("--schedule", choices=["noam", "inverse_sqrt", "cosine", "constant"])
-    s.add_argument("--lr", type=float, help="peak learning rate")
-    s.add_argument("--warmup", type=int)
-    s.add_argument("--d-model", type=int)
+    add_overrides(s)
+    add_config_option(s, "none: the paper's Noam schedule")
+    s.add_argument("--schedule", choices=["noam", "inverse_sqrt", "cosine", "constant"],
+                   help="train.schedule (default: the config's)")
+    s.add_argument("--lr", type=float, help="peak learning rate, train.lr (default: the config's)")
+    s.add_argument("--warmup", type=int, help="warm-up updates, train.warmup (default: the config's)")
+    s.add_argument("--d-model", type=int, help="model.d_model, which scales Noam's curve (default: the config's)")
     s.add_argument("--total", type=int, help="train.max_steps: the cosine horizon")
     s.add_argument("--steps", type=int, default=0, help="updates to draw (default: max_steps or 10 x warmup)")
     _out(s, "schedule.png")
 
     c = what.add_parser("curves", help="loss / ppl / BLEU and lr of run folders against steps and wall-clock")
-    c.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    c.add_argument("--x", choices=["step", "time", "both"], default="both")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (each with its metrics.csv)")
+    c.add_argument("--x", choices=["step", "time", "both"], default="both",
+                   help="x axis: updates, wall-clock minutes, or one panel of each")
     _out(c, "curves.png")
 
     sm = what.add_parser("softmax", help="why scores are divided by sqrt(d_k)")
-    sm.add_argument("--max-dk", type=int, default=1024)
+    sm.add_argument("--max-dk", type=int, default=1024, help="largest key dimension d_k drawn")
     sm.add_argument("--keys", type=int, default=32, help="keys per query")
-    sm.add_argument("--samples", type=int, default=1000)
-    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--samples", type=int, default=1000, help="random queries per d_k")
+    sm.add_argument("--seed", type=int, default=0, help="random seed")
     _out(sm, "softmax.png")
 
     r = what.add_parser("report", help="report.html of a run folder")
-    r.add_argument("run", metavar="RUN_DIR")
+    r.add_argument("run", metavar="RUN_DIR", help="a run folder written by a training verb")
     r.add_argument("--data", help="the prepared data folder, for sample translations")
-    r.add_argument("--samples", type=int, default=3)
-    r.add_argument("--out", help="default RUN_DIR/report.html")
+    r.add_argument("--samples", type=int, default=3, help="sample translations to show")
+    r.add_argument("--out", help="output file (default: RUN_DIR/report.html)")
     r.add_argument("--force", action="store_true", help="overwrite an existing report")
     return {"plot": cmd_plot}
 
 
 def _out(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--out", default=default, help=f"output file (default {default})")
+    p.add_argument("--out", default=default, help="output file")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
 
 
 def cmd_plot(args, overrides: list[str]) -> None:
-    if overrides and args.what != "schedule":
-        raise AttnkitError(f"config overrides ({overrides[0]}) only apply to `plot schedule`")
     PLOTS[args.what](args, overrides)
 
 

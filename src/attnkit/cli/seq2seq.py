@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnkit.cli.options import add_train_options, add_trust_option
+from attnkit.cli.options import add_overrides, add_train_options, add_trust_option
 from attnkit.errors import AttnkitError
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo")
-    d.set_defaults(takes_overrides=True, bounds_kernel_caches=True)
-    d.add_argument("--out", default="runs/demo", help="run folder (default: runs/demo)")
-    d.add_argument("--n-train", type=int, default=24000)
-    d.add_argument("--n-eval", type=int, default=1000)
+    d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo (~7 min on a CPU)",
+                       description="Write a German->English corpus of number words (0 to 999,999), learn its "
+                                   "subwords, train the `demo` preset for 6.5 minutes, translate the test set, "
+                                   "score it and draw the cross-attention of one sentence.")
+    d.set_defaults(bounds_kernel_caches=True)
+    add_overrides(d)
+    d.add_argument("--out", default="runs/demo", help="run folder")
+    d.add_argument("--n-train", type=int, default=24000, help="training pairs to generate")
+    d.add_argument("--n-eval", type=int, default=1000, help="dev pairs and test pairs to generate (each)")
     d.add_argument("--force", action="store_true", help="overwrite an existing demo folder")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -24,11 +28,12 @@ def add_parsers(sub) -> dict[str, Callable]:
     pr.add_argument("--valid", help="dev set prefix")
     pr.add_argument("--test", help="test set prefix")
     pr.add_argument("--out", required=True, help="folder for the vocabulary and encoded splits")
-    pr.add_argument("--vocab-size", type=int, default=8000)
-    pr.add_argument("--model-type", default="bpe", choices=["bpe", "unigram", "char", "word"])
+    pr.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size (sentencepiece)")
+    pr.add_argument("--model-type", default="bpe", choices=["bpe", "unigram", "char", "word"],
+                    help="sentencepiece model type")
     pr.add_argument("--separate-vocab", action="store_true", help="one vocabulary per language")
     pr.add_argument("--max-src-len", type=int, default=256, help="drop training pairs longer than this")
-    pr.add_argument("--max-tgt-len", type=int, default=256)
+    pr.add_argument("--max-tgt-len", type=int, default=256, help="drop training pairs whose target is longer")
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = sub.add_parser("train", help="train a seq2seq model (Transformer, rnn-*) on a prepared corpus")
@@ -52,8 +57,10 @@ def cmd_demo(args, overrides: list[str]) -> None:
                       force=args.force, progress=not args.quiet)
     print(f"\ntest set: {result.scores.summary()}")
     print(result.scores.signature)
+    right = sum(hyp == ref for _, hyp, ref in result.samples)
+    print(f"the README's examples (test sentences), {right} of {len(result.samples)} right:")
     for src, hyp, ref in result.samples:
-        print(f"  {src}\n    -> {hyp}{'' if hyp == ref else f'   (reference: {ref})'}")
+        print(f"  {src}\n    -> {hyp}{'' if hyp == ref else f'   WRONG (reference: {ref})'}")
     print(f"attention heatmap: {result.heatmap}\ncheckpoint: {result.checkpoint}")
 
 

@@ -5,42 +5,48 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from attnkit.cli.options import add_checkpoint_option, add_decode_options, decode_options
-from attnkit.errors import AttnkitError
+from attnkit.cli.options import add_checkpoint_option, add_decode_options, add_device_option, decode_options
+from attnkit.errors import AttnkitError, DataError
+from attnkit.io import atomic_write_text, ensure_new_output
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling")
+    tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling",
+                        description=TRANSLATE_DESCRIPTION)
     tr.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(tr)
-    tr.add_argument("--input", default="-", help="file (plain or .gz) or - for stdin")
-    tr.add_argument("--output", default="-", help="file or - for stdout")
+    tr.add_argument("--input", default="-", help="file (plain or .gz), or - for stdin (one sentence per line)")
+    tr.add_argument("--output", default="-", help="file, or - for stdout")
     tr.add_argument("--force", action="store_true", help="overwrite an existing output file")
     tr.add_argument("--interactive", action="store_true", help="read a line, answer at once, until EOF")
     tr.add_argument("--format", choices=["text", "tsv"], default="text",
-                    help="text: one translation per line; tsv: line, rank, score, normalised score, text")
+                    help="text: one translation per line; tsv: a header line, then line (from 1), rank (from 1), "
+                         "score, normalised score, translation")
     tr.add_argument("--print-alignment", action="store_true",
-                    help="append source-target index pairs (arg-max cross-attention) to each line")
-    tr.add_argument("--alignment-layer", type=int, default=-1, help="decoder layer for alignments")
+                    help="add three tab-separated fields: the source pieces, the target pieces, and pairs "
+                         "S-T (both counted from 1) linking each target piece T to the source piece S it attends "
+                         "to most (cross-attention, heads averaged)")
+    tr.add_argument("--alignment-layer", type=int, default=0, metavar="N",
+                    help="decoder layer for --print-alignment, counted from 1 (default: the last)")
     tr.add_argument("--prefix-file", help="force each output to start with this file's line")
     add_decode_options(tr)
     tr.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     tr.add_argument("--max-tokens", type=int, default=0, help="source tokens per batch (0 = no limit)")
-    tr.add_argument("--device", default="auto")
+    add_device_option(tr)
 
     sc = sub.add_parser("score", help="forced decoding: log P(target | source) for each line pair")
     sc.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(sc)
     sc.add_argument("--src", required=True, help="source file")
     sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
-    sc.add_argument("--device", default="auto")
+    add_device_option(sc)
 
     sv = sub.add_parser("serve", help="an HTTP JSON translation service (FastAPI + uvicorn; extra 'serve')")
     sv.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--device", default="auto")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    sv.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    add_device_option(sv)
     sv.add_argument("--max-batch-sentences", type=int, default=64, help="sentences translated together")
     sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
     sv.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; more get 503 + Retry-After")
@@ -55,58 +61,105 @@ def add_parsers(sub) -> dict[str, Callable]:
     caps.add_argument("--max-top-k", type=int, default=1000, help="top_k for sampling")
 
     e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file")
-    e.add_argument("--hyp", required=True)
-    e.add_argument("--ref", required=True)
+    e.add_argument("--hyp", required=True, help="the system's translations, one per line")
+    e.add_argument("--ref", required=True, help="the reference translations, line-aligned with --hyp")
     return {"translate": cmd_translate, "score": cmd_score, "serve": cmd_serve, "evaluate": cmd_evaluate}
 
 
-def cmd_translate(args, overrides: list[str]) -> None:
-    from attnkit.data import iter_lines, read_lines
-    from attnkit.decode import Translator
-    from attnkit.io import atomic_write_text, ensure_new_output
+TRANSLATE_DESCRIPTION = """\
+Translate sentences, one per line, with a checkpoint written by `attnkit train` or `attnkit demo`:
 
+  echo "dreihundertfünfundvierzig" | attnkit translate --checkpoint runs/demo/checkpoints/best.safetensors
+  attnkit translate --checkpoint CKPT --input test.de --output test.hyp --beam 5
+  attnkit translate --checkpoint CKPT --input test.de --beam 5 --nbest 3 --format tsv"""
+
+
+def read_input(name: str) -> list[str]:
+    """The lines of a file, or of stdin for "-"; either one empty is the same error."""
+    from attnkit.data.text import iter_lines, read_lines
+
+    if name != "-":
+        return read_lines(name)
+    lines = list(iter_lines(sys.stdin))
+    if not lines:  # no bytes at all: a single newline is one (empty) line
+        raise DataError("<stdin> is empty")  # as read_lines says of an empty file
+    return lines
+
+
+def cmd_translate(args, overrides: list[str]) -> None:
+    """Every input is checked (and read) before the model loads, so a mistake costs no waiting."""
+    from attnkit.checkpoint import check_checkpoint
+    from attnkit.data.text import iter_lines, read_lines
+
+    check_checkpoint(args.checkpoint)
     if args.output != "-":
         ensure_new_output(args.output, args.force, "output file")
-    opts = decode_options(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    if args.alignment_layer < 0:
+        raise AttnkitError(f"--alignment-layer counts decoder layers from 1; got {args.alignment_layer}")
     prefixes = read_lines(args.prefix_file) if args.prefix_file else None
+    lines = None
+    if not args.interactive:
+        if args.input == "-" and sys.stdin.isatty():
+            print("attnkit: reading sentences from the terminal, one per line; end with Ctrl-D "
+                  "(--input FILE reads a file)", file=sys.stderr)
+        lines = read_input(args.input)
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
+    opts = decode_options(args)
 
-    def render(lines: list[str], first: int = 0, prefixes: list[str] | None = None) -> str:
-        results = translator.translate(lines, opts, prefixes=prefixes, batch_size=args.batch_size,
+    from attnkit.decode import Translator  # here: the CLI imports torch only when a verb runs
+
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    layers = getattr(translator.model.config, "n_decoder_layers", 1)
+    if args.alignment_layer > layers:
+        raise AttnkitError(f"--alignment-layer {args.alignment_layer}: the model has {layers} decoder layers")
+
+    def render(batch: list[str], first: int = 0, prefixes: list[str] | None = None) -> str:
+        results = translator.translate(batch, opts, prefixes=prefixes, batch_size=args.batch_size,
                                        max_tokens=args.max_tokens, need_attention=args.print_alignment)
         return "".join(format_translation(first + i, t, args) for i, t in enumerate(results))
 
+    header = tsv_header(args) if args.format == "tsv" else ""
     if args.interactive:
+        sys.stdout.write(header)
         for n, line in enumerate(iter_lines(sys.stdin)):
             sys.stdout.write(render([line], n))
             sys.stdout.flush()
         return
-    lines = list(iter_lines(sys.stdin)) if args.input == "-" else read_lines(args.input)
-    if prefixes is not None and len(prefixes) != len(lines):
-        raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
-    text = render(lines, prefixes=prefixes)
+    text = header + render(lines, prefixes=prefixes)
     if args.output == "-":
         sys.stdout.write(text)
     else:
         atomic_write_text(args.output, text)
 
 
+def tsv_header(args) -> str:
+    fields = ["line", "rank", "score", "norm_score", "translation"]
+    if args.print_alignment:
+        fields += ["source_pieces", "target_pieces", "alignment"]
+    return "\t".join(fields) + "\n"
+
+
 def format_translation(index: int, t, args) -> str:
-    """One line per hypothesis: plain text, or TSV with scores; alignments as `src-tgt` pairs."""
+    """One line per hypothesis: plain text, or TSV with scores; lines and ranks counted from 1; alignments
+    as `S-T` pairs of 1-based piece positions, next to the pieces they index."""
     out = []
-    for rank, h in enumerate([t] + t.nbest):
-        fields = [h.text] if args.format == "text" else [str(index), str(rank), f"{h.score:.4f}",
+    for rank, h in enumerate([t] + t.nbest, start=1):
+        fields = [h.text] if args.format == "text" else [str(index + 1), str(rank), f"{h.score:.4f}",
                                                          f"{h.norm_score:.4f}", h.text]
         if args.print_alignment:
-            fields.append(" ".join(f"{s}-{j}" for j, s in enumerate(h.alignment)))
+            fields += [" ".join(h.src_pieces), " ".join(h.tgt_pieces),
+                       " ".join(f"{s + 1}-{j + 1}" for j, s in enumerate(h.alignment))]
         out.append("\t".join(fields) + "\n")
     return "".join(out)
 
 
 def cmd_score(args, overrides: list[str]) -> None:
+    from attnkit.checkpoint import check_checkpoint
     from attnkit.data import read_parallel
     from attnkit.decode import Translator
 
+    check_checkpoint(args.checkpoint)
     src, tgt = read_parallel(args.src, args.tgt)
     for lp in Translator.from_checkpoint(args.checkpoint, device=args.device).score(src, tgt):
         print(f"{lp:.4f}")
@@ -117,6 +170,9 @@ def cmd_serve(args, overrides: list[str]) -> None:
         from attnkit.serve import serve
     except ImportError as e:
         raise AttnkitError(str(e)) from None
+    from attnkit.checkpoint import check_checkpoint
+
+    check_checkpoint(args.checkpoint)
     serve(args.checkpoint, host=args.host, port=args.port, device=args.device,
           max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms, max_queue=args.max_queue,
           request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,

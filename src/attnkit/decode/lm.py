@@ -9,9 +9,11 @@ import torch
 
 from attnkit.decode.search import filter_logits
 from attnkit.models.transformer_xl import LanguageModel
+from attnkit.nn import prepacked
 
 
 @torch.no_grad()
+@prepacked()
 def generate(model: LanguageModel, prompt: torch.Tensor, n_new: int, *, mem_len: int, clamp_len: int = 0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None) -> torch.Tensor:

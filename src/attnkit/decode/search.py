@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnkit.nn import prepacked
 
 
 @contextlib.contextmanager
@@ -30,11 +31,12 @@ def evaluating(model) -> Iterator[None]:
 
 
 def search(fn: Callable) -> Callable:
-    """A search `fn(model, src, ...)` runs under inference_mode with the model in eval mode (restored after)."""
+    """A search `fn(model, src, ...)` runs under inference_mode with the model in eval mode (restored after),
+    its linear maps prepacked (in the caller's `prepacked` scope, else in one of its own)."""
 
     @functools.wraps(fn)
     def run(model, *args, **kw):
-        with torch.inference_mode(), evaluating(model):
+        with torch.inference_mode(), evaluating(model), prepacked():
             return fn(model, *args, **kw)
 
     return run

@@ -20,6 +20,7 @@ from attnkit.decode.memory import SearchShape, gigabytes, search_bytes
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
+from attnkit.nn import PackedWeights, prepacked
 from attnkit.runtime import available_memory, resolve_device
 
 
@@ -78,7 +79,11 @@ class Translation:
 
 
 class Translator:
-    """`Translator.from_checkpoint(path).translate(["ein Satz"], beam=5)` -> translations with scores."""
+    """`Translator.from_checkpoint(path).translate(["ein Satz"], beam=5)` -> translations with scores.
+
+    A Translator takes its model's weights as fixed: it keeps prepacked copies of them for its searches
+    (`attnkit.nn.linear`). Build a new one after the weights change (a training loop's evaluation does).
+    """
 
     def __init__(self, model, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
                  device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10):
@@ -87,6 +92,7 @@ class Translator:
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.max_src_len = model.config.max_positions - 1  # room for the source EOS
+        self.packed = PackedWeights()
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto") -> Translator:
@@ -174,8 +180,9 @@ class Translator:
                    for part in self._fit(group, lengths, opts, need_attention, memory_budget)]
         for idx in batches:
             batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(self.device)
-            nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
-                                 need_attention=need_attention)
+            with prepacked(self.packed):
+                nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
+                                     need_attention=need_attention)
             for j, i in enumerate(idx):
                 n_src = int(batch.src[j].ne(0).sum())
                 src_pieces = self.src_tok.pieces(batch.src[j, :n_src].tolist())
@@ -239,7 +246,8 @@ class Translator:
         for start in range(0, len(sources), batch_size):
             idx = list(range(start, min(start + batch_size, len(sources))))
             batch = collate([(src_ids[i], tgt_ids[i]) for i in idx], idx).to(self.device)
-            out += score_targets(self.model, batch.src, batch.tgt_in, batch.tgt_out).tolist()
+            with prepacked(self.packed):
+                out += score_targets(self.model, batch.src, batch.tgt_in, batch.tgt_out).tolist()
         return out
 
 

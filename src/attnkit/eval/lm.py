@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit.data.lm import LMStreams
+from attnkit.nn import prepacked
 from attnkit.runtime import autocast
 
 
@@ -59,6 +60,7 @@ class LMScores:
 
 
 @torch.no_grad()
+@prepacked()
 def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
                       batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
                       dtype: str = "float32") -> LMScores:
@@ -77,6 +79,7 @@ def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 
 
 
 @torch.no_grad()
+@prepacked()
 def evaluate_sliding_window(model, ids: torch.Tensor, *, window: int, batch_size: int = 16, max_tokens: int = 0,
                             device: torch.device | str = "cpu", dtype: str = "float32") -> LMScores:
     """Score ids[1:] with every token p predicted from ids[max(0, p-W) : p], one prediction per window.

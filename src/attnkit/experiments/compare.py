@@ -18,8 +18,9 @@ from attnkit import config as cfgmod
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, read_lines
 from attnkit.decode import DecodeOptions, Translator, score_targets
 from attnkit.errors import AttnkitError
-from attnkit.eval.bleu import score_corpus
+from attnkit.eval import translate_and_score
 from attnkit.experiments.tables import cell, write_table
+from attnkit.nn import prepacked
 from attnkit.viz.figure import finish, subplots
 
 SPLITS = {"dev": "valid", "test": "test"}  # table prefix -> split name in a prepared data folder
@@ -43,6 +44,7 @@ class ModelResult:
 
 
 @torch.no_grad()
+@prepacked()
 def split_perplexity(model: torch.nn.Module, data_dir: str | Path, split: str, *, max_tokens: int = 4096,
                      device: torch.device | str = "cpu") -> float:
     """exp(mean NLL per target token, EOS included) of a prepared split under teacher forcing."""
@@ -64,8 +66,8 @@ def evaluate_checkpoint(path: Path, data_dir: Path, options: DecodeOptions, devi
     for prefix, split in SPLITS.items():
         if not (data_dir / f"{split}.src.txt").exists():
             continue
-        hyps = translator.translate_texts(read_lines(data_dir / f"{split}.src.txt"), options=options)
-        scores = score_corpus(hyps, read_lines(data_dir / f"{split}.tgt.txt"))
+        _, scores = translate_and_score(translator, read_lines(data_dir / f"{split}.src.txt"),
+                                        read_lines(data_dir / f"{split}.tgt.txt"), options)
         out[f"{prefix}_bleu"], out[f"{prefix}_bleu_lc"] = scores.bleu, scores.bleu_lc
         out[f"{prefix}_ppl"] = split_perplexity(translator.model, data_dir, split, device=translator.device)
     return out

@@ -21,7 +21,7 @@ from attnkit.config import PAD_ID
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, load_tokenizers, read_lines
 from attnkit.data.batching import Batch
 from attnkit.decode.translator import Translator
-from attnkit.eval import score_corpus
+from attnkit.eval import translate_and_score
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
@@ -128,6 +128,8 @@ class Trainer(TrainerBase):
         return metrics
 
     def dev_bleu(self) -> dict[str, float]:
+        """Greedy BLEU / exact match on the first `eval_max_sentences` dev sentences, computed as the final
+        evaluation of a saved checkpoint computes them (same search, float32, a fresh Translator)."""
         t = self.cfg.train
         src = read_lines(self.data_dir / "valid.src.txt")
         ref = read_lines(self.data_dir / "valid.tgt.txt")
@@ -135,9 +137,7 @@ class Trainer(TrainerBase):
             src, ref = src[: t.eval_max_sentences], ref[: t.eval_max_sentences]
         translator = Translator(self.model, self.src_tok, self.tgt_tok, device=self.device,
                                 max_len_a=t.max_len_a, max_len_b=t.max_len_b)
-        with autocast(self.device, t.dtype):
-            hyps = translator.translate_texts(src)
-        s = score_corpus(hyps, ref)
+        _, s = translate_and_score(translator, src, ref)
         return {"bleu": s.bleu, "bleu_lc": s.bleu_lc, "exact": s.exact}
 
     def _is_better(self, metrics: dict[str, float]) -> bool:

@@ -1,0 +1,14 @@
+"""Translate a test set and score it: the one path behind the dev figures of training, the demo's
+final evaluation and the experiments' tables, so that they agree on the same data."""
+
+from __future__ import annotations
+
+from attnkit.decode import DecodeOptions, Translation, Translator
+from attnkit.eval.bleu import Scores, score_corpus
+
+
+def translate_and_score(translator: Translator, sources: list[str], refs: list[str],
+                        options: DecodeOptions | None = None) -> tuple[list[Translation], Scores]:
+    """Translations of `sources` (greedy unless `options` say otherwise) and their scores against `refs`."""
+    translations = translator.translate(sources, options or DecodeOptions())
+    return translations, score_corpus([t.text for t in translations], refs)
