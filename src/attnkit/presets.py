@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from attnkit.errors import ConfigError, did_you_mean
 
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -64,6 +62,8 @@ def load_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict:
 
 def _parse_yaml(path: Path) -> Any:
     """The YAML document in `path`; every way it can be unreadable becomes a one-line ConfigError."""
+    import yaml  # here: listing the presets (every verb's --help) needs no YAML parser
+
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as e:
@@ -90,6 +90,8 @@ def deep_merge(base: dict, update: dict) -> dict:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`model.d_model=256` -> (['model', 'd_model'], 256); values are parsed as YAML scalars."""
+    import yaml
+
     text = text.removeprefix("--")
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like section.key=value")
