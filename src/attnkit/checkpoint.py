@@ -25,8 +25,8 @@ from safetensors.torch import save as st_save
 
 from attnkit import config as cfgmod
 from attnkit.data.lm import LMVocab
-from attnkit.errors import AttnkitError, CheckpointError
-from attnkit.io import atomic_write_bytes, checkpoint_file, trust_pickle
+from attnkit.errors import CheckpointError
+from attnkit.io import atomic_write_bytes, trust_pickle
 from attnkit.models import build_model
 
 FORMAT = "attnkit-checkpoint"
@@ -76,27 +76,39 @@ def _is_pickle(data: bytes) -> bool:
     return (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")) or data[:4] == b"PK\x03\x04"
 
 
+def _checkpoint_file(path: Path) -> Path:
+    """`path` if it is a file; otherwise an error that says what is there instead (for a folder: the
+    checkpoints inside it, best and last first)."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"no such checkpoint: {path}")
+    found = sorted(path.rglob("*.safetensors"), key=lambda p: (p.stem not in ("best", "last"), len(p.parts), str(p)))
+    if not found:
+        raise CheckpointError(f"{path} is a folder with no checkpoint (.safetensors) inside; a checkpoint is a file")
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    raise CheckpointError(f"{path} is a folder, not a checkpoint; it holds {', '.join(map(str, found[:3]))}{more}")
+
+
 def check_checkpoint(path: str | Path) -> Path:
     """What can be known of a checkpoint from its header alone, checked before anything slow (reading the
     inputs, loading weights): a file, whole (its tensors end where the file ends), attnkit's format and a
     version this attnkit reads. A pickle passes here; `load_checkpoint` refuses it unless trusted."""
-    try:
-        path = checkpoint_file(path)
-    except AttnkitError as e:
-        raise CheckpointError(str(e)) from None
+    path = _checkpoint_file(Path(path))
+    size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(16)
         if head[8:9] != b"{" and _is_pickle(head):  # a safetensors header (JSON) starts at byte 8
             return path
         try:
             n = int.from_bytes(head[:8], "little")
-            if not 2 <= n <= path.stat().st_size - 8:
-                raise ValueError(f"a header of {n} bytes in a file of {path.stat().st_size}")
+            if not 2 <= n <= size - 8:
+                raise ValueError(f"a header of {n} bytes in a file of {size}")
             f.seek(8)
             header = json.loads(f.read(n))
             end = max((entry["data_offsets"][1] for k, entry in header.items() if k != "__metadata__"), default=0)
-            if 8 + n + end != path.stat().st_size:
-                raise ValueError(f"its tensors need {8 + n + end} bytes, the file has {path.stat().st_size}")
+            if 8 + n + end != size:
+                raise ValueError(f"its tensors need {8 + n + end} bytes, the file has {size}")
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{path} is not a readable attnkit checkpoint (truncated or corrupt?): {e}") from None
     meta = header.get("__metadata__") or {}

@@ -107,18 +107,3 @@ def ensure_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
 
 # Whether checkpoints that need pickle may be loaded (`--trust-checkpoint`); see attnkit.checkpoint.
 trust_pickle: contextvars.ContextVar[bool] = contextvars.ContextVar("trust_pickle", default=False)
-
-
-def checkpoint_file(path: str | os.PathLike) -> Path:
-    """`path` if it is a file; otherwise an error that says what is there instead (for a folder: the
-    checkpoints inside it, best and last first). Cheap: callers check it before any slow loading."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise AttnkitError(f"no such checkpoint: {path}")
-    found = sorted(path.rglob("*.safetensors"), key=lambda p: (p.stem not in ("best", "last"), len(p.parts), str(p)))
-    if not found:
-        raise AttnkitError(f"{path} is a folder with no checkpoint (.safetensors) inside; a checkpoint is a file")
-    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
-    raise AttnkitError(f"{path} is a folder, not a checkpoint; it holds {', '.join(str(p) for p in found[:3])}{more}")
