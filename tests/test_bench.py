@@ -17,6 +17,7 @@ from attnkit.bench import runner as bench
 from attnkit.bench.attnkit_adapter import ATTNKIT
 from attnkit.cli import bench as bench_cli
 from attnkit.cli.main import main
+from attnkit.nn import int8_unavailable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -220,12 +221,14 @@ def test_quick_bench_prints_every_row(tmp_path, capsys):
     assert text.startswith("**QUICK SMOKE RUN") and "### MT" in text and "### LM" in text
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["workload"] == "matmul-peak" and rows[0]["gflop_s"] > 0
-    assert len(rows) == 1 + len(catalog.WORKLOADS) * (1 + len(catalog.PEERS))
+    planned = [(tk, w) for w in catalog.WORKLOADS for tk in catalog.TOOLKITS if w in catalog.TOOLKITS[tk].workloads]
+    assert [(r["toolkit"], r["workload"]) for r in rows[1:]] == planned
+    assert {tk for tk, w in planned if w == "mt-base-beam5"} == set(catalog.TOOLKITS)  # every toolkit decodes
     assert all(r["quick"] for r in rows)
     for r in rows[1:]:
         label = bench.workload_label(r["workload"], workloads.QUICK)
         assert f"| {label} | {LABEL[r['toolkit']]} |" in text  # every (workload, toolkit) has its row
-        if r["toolkit"] == "attnkit":
+        if r["toolkit"] == "attnkit" or (r["toolkit"] == "attnkit-int8" and not int8_unavailable()):
             assert r["tok_s"] > 0 and r["torch"] == torch.__version__ and r["threads"] == 1, r
         else:
             assert "tok_s" in r or "skipped" in r or "error" in r

@@ -59,6 +59,6 @@ HF_VANILLA = LMAdapter(hf_lm_build, hf_lm_forward,
                        "GPT2LMHeadModel: pre-LN, GELU, learned absolute positions, tied")
 
 
-def toolkit() -> Toolkit:
+def toolkit(variant: str = "") -> Toolkit:
     return Toolkit("huggingface", version("huggingface"), HF_MT, {"vanilla": HF_VANILLA},
                    {"lm-train-xl": HF_NO_XL, "lm-eval-xl": HF_NO_XL})

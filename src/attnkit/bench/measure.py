@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from attnkit.bench.catalog import PEERS, TRAIN_WORKLOADS, WORKLOADS
+from attnkit.bench.catalog import TOOLKITS, TRAIN_WORKLOADS, WORKLOADS
 from attnkit.bench.workloads import (
     QUICK,
     STANDARD,
@@ -52,6 +52,7 @@ from attnkit.bench.workloads import (
     lm_train_batch,
     lm_train_data,
     mt_batch,
+    mt_shape,
 )
 
 
@@ -103,8 +104,11 @@ def count_step_flops(model: nn.Module, loss_of: Callable[[], torch.Tensor]) -> i
     return counter.get_total_flops()
 
 
-def n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # tied weights count once
+def n_params(model) -> int:
+    """Parameters of a module (tied weights count once), or the `params` an engine's model reports."""
+    if isinstance(model, nn.Module):
+        return sum(p.numel() for p in model.parameters())
+    return model.params
 
 
 def matmul_rate(n: int, dtype: torch.dtype, runs: int) -> float:
@@ -123,14 +127,11 @@ def matmul_peak(shapes: Shapes, dtype: str) -> dict:
 
 
 def toolkit(name: str) -> Toolkit:
-    """attnkit's adapters or a peer's, each in its own module of this package."""
-    if name == "attnkit":
-        from attnkit.bench.attnkit_adapter import toolkit as attnkit_toolkit
-
-        return attnkit_toolkit()
-    if name not in PEERS:
-        raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
-    return importlib.import_module(f"attnkit.bench.{PEERS[name].module}").toolkit()
+    """attnkit's adapters or a peer's, each in its own module of this package (`toolkit(variant)`)."""
+    if name not in TOOLKITS:
+        raise ValueError(f"unknown toolkit {name!r}; known: {', '.join(TOOLKITS)}")
+    spec = TOOLKITS[name]
+    return importlib.import_module(f"attnkit.bench.{spec.module}").toolkit(spec.variant)
 
 
 # --- training throughput ---------------------------------------------------------------------------
@@ -261,10 +262,10 @@ def run_workload(tk: Toolkit, workload: str, shapes: Shapes, dtype: str) -> dict
     if workload.startswith("mt-"):
         if tk.mt is None:
             raise RuntimeError(f"{tk.name} has no encoder-decoder adapter")
+        s = mt_shape(workload, shapes)
         if workload == "mt-train":
-            case = mt_train_case(tk.mt, shapes.mt)
-            return train_figures(case, shapes.mt.warmup, dtype)
-        return mt_decode(tk.mt, shapes.mt, 1 if workload == "mt-greedy" else shapes.mt.beam)
+            return train_figures(mt_train_case(tk.mt, s), s.warmup, dtype)
+        return mt_decode(tk.mt, s, 1 if workload.endswith("-greedy") else s.beam)
     family, model = workload.split("-")[1:]  # lm-train-xl -> train, xl
     if model not in tk.lm:
         raise RuntimeError(f"{tk.name} has no {model} language model")
@@ -306,7 +307,7 @@ def notes_of(tk: Toolkit, workload: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m attnkit.bench.measure",
                                  description="one standard-workload measurement")
-    ap.add_argument("--toolkit", required=True, help="attnkit, a peer name, or 'machine' for matmul-peak")
+    ap.add_argument("--toolkit", required=True, help="attnkit, attnkit-int8, a peer name, or 'machine' for matmul-peak")
     ap.add_argument("--workload", nargs="+", required=True, choices=[*WORKLOADS, "matmul-peak"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from typing import TextIO
 
 from attnkit.bench import measure
-from attnkit.bench.catalog import GROUPS, PEERS, TOOLKIT_LABELS, TRAIN_WORKLOADS, WORKLOADS, installed
-from attnkit.bench.workloads import QUICK, STANDARD, Shapes
+from attnkit.bench.catalog import GROUPS, OWN, TOOLKIT_LABELS, TOOLKITS, TRAIN_WORKLOADS, WORKLOADS, installed
+from attnkit.bench.workloads import QUICK, STANDARD, Shapes, mt_shape
 
 PRECISION = {"bfloat16": "training in bfloat16 (autocast), decoding and evaluation in float32"}
 
@@ -49,14 +49,15 @@ def skip_reason(toolkit: str, workload: str) -> str:
     if toolkit == "attnkit":
         return ""
     if not installed(toolkit):
-        return f"skipped: {PEERS[toolkit].pip} is not installed (pip install {PEERS[toolkit].pip})"
+        return f"skipped: {TOOLKITS[toolkit].pip} is not installed (pip install {TOOLKITS[toolkit].pip})"
     reason = measure.toolkit(toolkit).missing.get(workload, "")
     return f"not measured: {reason}" if reason else ""
 
 
 def plan(workloads: list[str], peers: list[str]) -> list[Cell]:
-    """attnkit and every peer on every workload, workload by workload (neighbours share the machine's mood)."""
-    return [Cell(tk, w, skip_reason(tk, w)) for w in workloads for tk in ["attnkit", *peers]]
+    """attnkit (float32, and int8 where it decodes) and every peer on each workload it is made for, workload by
+    workload (neighbours share the machine's mood)."""
+    return [Cell(tk, w, skip_reason(tk, w)) for w in workloads for tk in [*OWN, *peers] if w in TOOLKITS[tk].workloads]
 
 
 # --- running ---------------------------------------------------------------------------------------
@@ -163,11 +164,13 @@ def fmt(x: float | None, digits: int = 0) -> str:
 
 
 def workload_label(workload: str, shapes: Shapes) -> str:
-    mt, lm = shapes.mt, shapes.lm
+    mt, lm = mt_shape(workload, shapes), shapes.lm
     return {
         "mt-train": f"train (B {mt.train_batch}, {mt.src_len}→{mt.tgt_len})",
         "mt-greedy": f"greedy ({mt.greedy_batch} src, {mt.tgt_len} new)",
         "mt-beam5": f"beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
+        "mt-base-greedy": f"base greedy ({mt.greedy_batch} src, {mt.tgt_len} new)",
+        "mt-base-beam5": f"base beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
         "lm-train-xl": f"train XL (B {lm.batch} × {lm.segment}, memory {lm.memory})",
         "lm-train-vanilla": f"train vanilla (B {lm.batch} × {lm.segment})",
         "lm-eval-xl": f"eval XL (segment {lm.segment} + memory {lm.memory})",
@@ -212,9 +215,9 @@ def family_table(rows: list[dict], family: str, shapes: Shapes) -> str:
 
 
 def family_title(family: str, shapes: Shapes) -> str:
-    if family == "mt":
-        s = shapes.mt
-        return (f"### MT: encoder-decoder Transformer (d {s.d_model}, {s.heads} heads, FFN {s.ffn}, "
+    if family.startswith("mt"):
+        s, name = (shapes.mt_base, "MT at the Transformer-base shape") if family == "mt-base" else (shapes.mt, "MT")
+        return (f"### {name}: encoder-decoder Transformer (d {s.d_model}, {s.heads} heads, FFN {s.ffn}, "
                 f"{s.layers}+{s.layers} layers, vocab {s.vocab}, dropout {s.dropout})")
     s = shapes.lm
     layers = f"{s.layers} layer{'s' if s.layers != 1 else ''}"
@@ -270,8 +273,8 @@ FOOTNOTES = [
 def render(rows: list[dict], *, dtype: str, threads: int, quick: bool) -> str:
     shapes = QUICK if quick else STANDARD
     lines = header(rows, dtype, threads, quick)
-    for family in ("mt", "lm"):
-        members = [r for r in rows if r["workload"].startswith(f"{family}-")]
+    for family in ("mt", "mt-base", "lm"):
+        members = [r for r in rows if WORKLOADS.get(r["workload"], ("",))[0] == family]
         if members:
             lines += ["", family_title(family, shapes) + (" — quick smoke shapes" if quick else ""), "",
                       family_table(members, family, shapes), "", "Models (each keeps its defaults where the "

@@ -62,10 +62,15 @@ class LMShape:
     steps: int = 20
 
 
+# Transformer-base (Vaswani et al. 2017, table 3) for the mt-base-* decoding workloads; the rest as MT.
+MT_BASE = MTShape(vocab=32000, d_model=512, heads=8, ffn=2048, layers=6)
+
+
 @dataclass(frozen=True)
 class Shapes:
     mt: MTShape = field(default_factory=MTShape)
     lm: LMShape = field(default_factory=LMShape)
+    mt_base: MTShape = MT_BASE
     matmul: tuple[int, ...] = (1024, 2048, 4096)  # n x n x n products; the fastest rate is the machine's peak
     matmul_runs: int = 5  # after one warm-up
     quick: bool = False
@@ -78,7 +83,14 @@ QUICK = Shapes(
             beam_batch=2, warmup=1, steps=2, decode_runs=1),
     LMShape(d_model=32, heads=2, ffn=64, layers=1, batch=2, segment=16, memory=48, context=64, eval_tokens=64,
             eval_warmup_segments=1, eval_passes=1, window_warmup=1, windows=4, warmup=1, steps=2),
-    matmul=(128, 256), matmul_runs=3, quick=True)
+    matmul=(128, 256), matmul_runs=3, quick=True,
+    mt_base=MTShape(vocab=96, d_model=48, heads=4, ffn=96, layers=2, src_len=6, tgt_len=6, greedy_batch=4,
+                    beam_batch=2, decode_runs=1))
+
+
+def mt_shape(workload: str, shapes: Shapes) -> MTShape:
+    """The MT shape a workload runs at: Transformer-base for mt-base-*, else the MT workload's."""
+    return shapes.mt_base if workload.startswith("mt-base-") else shapes.mt
 
 
 # --- data (WORKLOADS.md, "Synthetic data only") ----------------------------------------------------

@@ -102,5 +102,5 @@ XT_XL = LMAdapter(xt_lm_build(True), xt_xl_forward,
                   "T5 relative position bias (rel_pos_bias, 32 buckets, max distance 128), pre-LN, GELU, tied")
 
 
-def toolkit() -> Toolkit:
+def toolkit(variant: str = "") -> Toolkit:
     return Toolkit("xtransformers", version("xtransformers"), XT_MT, {"vanilla": XT_VANILLA, "xl": XT_XL})

@@ -7,7 +7,8 @@
     attnkit bench --quick                           # tiny smoke shapes (tests, CI): NOT the standard workloads
 
 Workloads (../shared/bench/WORKLOADS.md): mt-train, mt-greedy, mt-beam5, lm-train-xl, lm-train-vanilla,
-lm-eval-xl, lm-eval-vanilla; groups: mt, lm, all. Each measurement runs in a fresh process; the
+lm-eval-xl, lm-eval-vanilla, and mt-base-greedy, mt-base-beam5 (MT decoding at the Transformer-base shape:
+d 512, 8 heads, FFN 2048, 6+6 layers, vocab 32k); groups: mt, lm, all. Each measurement runs in a fresh process; the
 logic lives in attnkit.bench: runner (plan, tables), measure (timing), one module per toolkit.
 """
 
@@ -24,9 +25,11 @@ PEER_CHOICES = tuple(PEERS)
 
 def add_parsers(sub) -> dict[str, Callable]:
     b = sub.add_parser("bench", help="standard speed workloads (MT, LM) for attnkit and installed peers: tables",
-                       description="The standard workloads of ../shared/bench/WORKLOADS.md for attnkit, Hugging Face "
-                                   "transformers and x-transformers (when installed), each measurement in a fresh "
-                                   "process; markdown tables on stdout, progress on stderr.")
+                       description="The standard workloads of ../shared/bench/WORKLOADS.md (and the MT decoding "
+                                   "workloads at the Transformer-base shape) for attnkit (float32, and int8 where it "
+                                   "decodes), Hugging Face transformers, x-transformers and CTranslate2 (float32 and "
+                                   "int8; when installed), each measurement in a fresh process; markdown tables on "
+                                   "stdout, progress on stderr.")
     b.add_argument("--workloads", nargs="+", default=["all"], choices=WORKLOAD_CHOICES, metavar="WORKLOAD",
                    help=f"workloads or groups (default: all): {', '.join(WORKLOAD_CHOICES)}")
     b.add_argument("--peers", nargs="*", default=list(PEER_CHOICES), choices=PEER_CHOICES, metavar="PEER",

@@ -20,7 +20,7 @@ from attnkit.decode.memory import SearchShape, gigabytes, search_bytes
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
-from attnkit.nn import PackedWeights, prepacked
+from attnkit.nn import PackedWeights, int8_unavailable, prepacked
 from attnkit.runtime import available_memory, resolve_device
 
 
@@ -83,19 +83,23 @@ class Translator:
 
     A Translator takes its model's weights as fixed: it keeps prepacked copies of them for its searches
     (`attnkit.nn.linear`). Build a new one after the weights change (a training loop's evaluation does).
+    `quantize="int8"` keeps int8 copies instead (CPU only; where they would not be fast, a warning says why
+    and the Translator stays in float32: `self.quantize` is what it runs).
     """
 
     def __init__(self, model, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
-                 device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10):
+                 device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10,
+                 quantize: str | None = None):
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.max_src_len = model.config.max_positions - 1  # room for the source EOS
-        self.packed = PackedWeights()
+        self.quantize = usable_quantization(quantize, self.device)
+        self.packed = PackedWeights(int8=self.quantize == "int8")
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto") -> Translator:
+    def from_checkpoint(cls, path: str | Path, device: str = "auto", quantize: str | None = None) -> Translator:
         ckpt = load_checkpoint(path)
         if "src" not in ckpt.tokenizers:
             raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model "
@@ -104,7 +108,8 @@ class Translator:
         src_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])
         tgt_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["tgt"]) if "tgt" in ckpt.tokenizers else src_tok
         t = ckpt.config.train
-        return cls(model, src_tok, tgt_tok, device=device, max_len_a=t.max_len_a, max_len_b=t.max_len_b)
+        return cls(model, src_tok, tgt_tok, device=device, max_len_a=t.max_len_a, max_len_b=t.max_len_b,
+                   quantize=quantize)
 
     def encode_sources(self, sentences: list[str]) -> list[np.ndarray]:
         """Subword ids; inputs longer than the model's positions are truncated with a warning."""
@@ -249,6 +254,22 @@ class Translator:
             with prepacked(self.packed):
                 out += score_targets(self.model, batch.src, batch.tgt_in, batch.tgt_out).tolist()
         return out
+
+
+QUANTIZATIONS = ("int8",)
+
+
+def usable_quantization(quantize: str | None, device: torch.device) -> str | None:
+    """`quantize` where it runs fast on `device`; None (float32) with a warning saying why where it does not."""
+    if quantize in (None, "none", "float32"):
+        return None
+    if quantize not in QUANTIZATIONS:
+        raise ConfigError(f"quantize must be one of none, {', '.join(QUANTIZATIONS)}; got {quantize!r}")
+    why = int8_unavailable() if device.type == "cpu" else f"int8 products run on the CPU only, not on {device}"
+    if why:
+        warnings.warn(f"--quantize int8: {why}; decoding in float32 instead", stacklevel=3)
+        return None
+    return quantize
 
 
 def _pad(hyps: list[Hypothesis], n: int) -> list[Hypothesis]:

@@ -4,7 +4,7 @@ from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product
 from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
-from attnkit.nn.linear import Linear, PackedWeights, linear, prepacked
+from attnkit.nn.linear import Linear, PackedWeights, int8_unavailable, linear, prepacked
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
 
@@ -21,6 +21,7 @@ __all__ = [
     "PackedWeights",
     "SinusoidalPositions",
     "causal_mask",
+    "int8_unavailable",
     "dropout",
     "key_padding_to_attn_mask",
     "linear",

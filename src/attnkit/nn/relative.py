@@ -8,6 +8,9 @@ The score of query i over key j is the sum of four terms, with R the sinusoid of
     (a) + (c) = (q_i + u) . k_j                content, with the global content bias u (r_w_bias)
     (b) + (d) = (q_i + v) . W_{k,R} R_{i-j}    position, with the global position bias v (r_r_bias)
 
+u and v are learnt per layer by default; with the model's `share_uv` one pair serves every layer (the
+XL PyTorch reference's default), passed in as `biases` by the model, which then owns it.
+
 Keys and values are computed over concat(memory, segment); positions have their own key projection
 W_{k,R}. The position term is computed for the S distances S-1 .. 0 once per query and moved into
 place by `rel_shift` (appendix B) instead of gathering a (T, S, D) tensor. Here the shift is a strided
@@ -77,17 +80,23 @@ def add_rel_shifted(content: torch.Tensor, position: torch.Tensor) -> torch.Tens
     return _AddRelShifted.apply(content, position)
 
 
+def position_biases(n_heads: int, head_dim: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """A fresh (u, v) pair, (H, Dh) each, initialised as in the XL reference (normal, std 0.02)."""
+    pair = nn.Parameter(torch.empty(n_heads, head_dim)), nn.Parameter(torch.empty(n_heads, head_dim))
+    for p in pair:
+        nn.init.normal_(p, std=0.02)
+    return pair
+
+
 class RelativeMultiHeadAttention(MultiHeadAttention):
     """Self-attention of a segment over concat(memory, segment) with relative positions."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, *, own_biases: bool = True):
         super().__init__(d_model, n_heads, dropout, bias=False)  # the XL reference has no projection biases
         self.pos_proj = Linear(d_model, d_model, bias=False)  # W_{k,R}
-        self.r_w_bias = nn.Parameter(torch.empty(n_heads, self.head_dim))  # u
-        self.r_r_bias = nn.Parameter(torch.empty(n_heads, self.head_dim))  # v
         nn.init.xavier_uniform_(self.pos_proj.weight)
-        nn.init.normal_(self.r_w_bias, std=0.02)
-        nn.init.normal_(self.r_r_bias, std=0.02)
+        if own_biases:  # without: every call passes the pair shared by all layers (`biases`)
+            self.r_w_bias, self.r_r_bias = position_biases(n_heads, self.head_dim)  # u, v
 
     def position_keys(self, pos: torch.Tensor) -> torch.Tensor:
         """Sinusoids (S, D) of distances S-1 .. 0 -> their keys W_{k,R} R per head (H, S, Dh)."""
@@ -111,11 +120,13 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         r: torch.Tensor,
         *,
         mask: torch.Tensor,
+        biases: tuple[torch.Tensor, torch.Tensor] | None = None,
         memory_kv: KVCache | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
         """x (B, T, D) over memory (B, M, D) or None, or over the memory's keys and values `memory_kv`
-        (B, H, M, Dh) computed before (then `memory` is not read); r (H, S, Dh) the position keys.
+        (B, H, M, Dh) computed before (then `memory` is not read); r (H, S, Dh) the position keys;
+        biases: the (u, v) pair (H, Dh) each shared by all layers, None for this layer's own.
 
         mask (T, S) True = may attend; it must hide the future. Returns (output (B, T, D),
         weights (B, H, T, S) or None, keys and values of the whole context (B, H, S, Dh)).
@@ -127,8 +138,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         new = self.project_kv(x)  # (B, H, T, Dh) each
         kv = new if memory_kv is None else memory_kv.append(new.k, new.v)  # (B, H, S, Dh) each
         scale = self.head_dim**-0.5  # folded into the (small) queries rather than the (T, S) logits
-        q_content = (q + self.r_w_bias[:, None]) * scale  # (B, H, T, Dh): q + u
-        q_position = (q + self.r_r_bias[:, None]) * scale  # (B, H, T, Dh): q + v
+        u, v = (self.r_w_bias, self.r_r_bias) if biases is None else biases  # (H, Dh) each
+        q_content = (q + u[:, None]) * scale  # (B, H, T, Dh): q + u
+        q_position = (q + v[:, None]) * scale  # (B, H, T, Dh): q + v
         position = self.position_scores(q_position, r)  # (B, H, T, S) against distances S-1 .. 0
         if need_weights or torch.is_grad_enabled():
             scores = add_rel_shifted(q_content @ kv.k.transpose(-2, -1), position)  # (B, H, T, S)

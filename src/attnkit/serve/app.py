@@ -160,7 +160,8 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
 
     @app.get("/health")
     async def health() -> Health:
-        return Health(status="ok", model=model_kind, device=str(translator.device), queue=batcher.pending)
+        return Health(status="ok", model=model_kind, device=str(translator.device),
+                      quantize=getattr(translator, "quantize", None) or "none", queue=batcher.pending)
 
     @app.post("/translate", responses=errors)
     async def translate(req: TranslateRequest) -> TranslateResponse:
@@ -213,13 +214,15 @@ def _install_metrics(app: FastAPI, metrics: ServiceMetrics) -> None:
         return Response(metrics.text(), media_type=CONTENT_TYPE)
 
 
-def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto", **app_kw) -> None:
-    """Load `checkpoint` and serve it over HTTP until SIGTERM or Ctrl-C; `app_kw` go to `create_app`.
+def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
+          quantize: str | None = None, **app_kw) -> None:
+    """Load `checkpoint` (int8 weights with quantize="int8") and serve it over HTTP until SIGTERM or Ctrl-C;
+    `app_kw` go to `create_app`.
 
     On SIGTERM uvicorn stops accepting connections and waits for the requests it has accepted (up to the
     per-request time limit); the process then exits normally (0), not by the signal (143).
     """
-    translator = Translator.from_checkpoint(checkpoint, device)
+    translator = Translator.from_checkpoint(checkpoint, device, quantize=quantize)
     app = create_app(translator, **app_kw)
     grace = app.state.request_timeout_s + 5  # the longest an accepted request can still take
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=grace)

@@ -120,6 +120,7 @@ class Health(BaseModel):
     status: str
     model: str
     device: str
+    quantize: str = Field("none", description="none (float32) or int8: the weights the searches run with")
     queue: int = Field(description="requests waiting for the worker")
 
 

@@ -1,0 +1,42 @@
+"""int8 decoding (`Translator(quantize="int8")`, `--quantize int8`) against float32 on a trained model."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.decode import DecodeOptions, Translator
+from attnkit.decode import translator as translator_module
+from attnkit.errors import ConfigError
+from attnkit.nn import int8_unavailable
+
+pytestmark = pytest.mark.skipif(bool(int8_unavailable()), reason=int8_unavailable() or "int8 runs here")
+SOURCES = ["drei hundert zwei", "sieben", "neun zehn", "vier tausend eins"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(trained):
+    return trained[1] / "checkpoints" / "best.safetensors"
+
+
+def test_int8_scores_stay_close_to_float32(checkpoint):
+    exact = Translator.from_checkpoint(checkpoint, device="cpu")
+    quantised = Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8")
+    assert (exact.quantize, quantised.quantize) == (None, "int8") and quantised.packed.int8
+    targets = exact.translate_texts(SOURCES, beam=3)
+    for a, b in zip(exact.score(SOURCES, targets), quantised.score(SOURCES, targets)):
+        assert a != b and abs(a - b) < 0.05 * abs(a) + 0.05  # int8 products ran, and stayed close
+    for t in quantised.translate(SOURCES, DecodeOptions(beam=3, nbest=2)):  # the searches run on int8 copies
+        assert len(t.nbest) == 1 and t.norm_score >= t.nbest[0].norm_score  # nbest: the other hypotheses
+    assert len(quantised.packed) > 0
+
+
+def test_int8_falls_back_to_float32_with_the_reason(checkpoint, monkeypatch):
+    monkeypatch.setattr(translator_module, "int8_unavailable", lambda: "this CPU has no AVX2")
+    with pytest.warns(UserWarning, match="this CPU has no AVX2; decoding in float32"):
+        t = Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8")
+    assert t.quantize is None and not t.packed.int8
+
+
+def test_an_unknown_quantization_is_a_config_error(checkpoint):
+    with pytest.raises(ConfigError, match="quantize must be one of none, int8; got 'int4'"):
+        Translator.from_checkpoint(checkpoint, device="cpu", quantize="int4")
