@@ -328,3 +328,136 @@ def test_pre_ln_variant_runs_and_differs():
     logits, _ = pre(x, mems, mem_len=5)
     assert logits.shape == (2, 5, V) and torch.isfinite(logits).all()
     assert not torch.allclose(post(x)[0], pre(x)[0])
+
+
+# --- extended context (the reference's ext_len) ---------------------------------------------------
+@pytest.mark.parametrize("ext_len", [0, 2, 5])
+def test_extended_context_batches_are_the_reference_iterators(ext_len):
+    """LMOrderedIterator.get_batch: data[i - ext_len : i + T] as input, data[i + 1 : i + 1 + T] as target."""
+    n, b, t = 103, 3, 4
+    streams = LMStreams(torch.arange(n), b, t, ext_len)
+    data = torch.arange(n // b * b).view(b, -1)
+    for tau, (x, y) in enumerate(streams):
+        i = tau * t
+        seq_len = min(t, data.size(1) - 1 - i)
+        assert torch.equal(x, data[:, max(0, i - ext_len) : i + seq_len])
+        assert torch.equal(y, data[:, i + 1 : i + 1 + seq_len])
+        assert torch.equal(x[:, -y.size(1) :] + 1, y)  # the last T inputs are the ones predicted
+
+
+@pytest.mark.parametrize("ext_len,mem_len", [(2, 5), (3, 2), (4, 0)])
+def test_extended_context_memory_ends_where_the_next_input_begins(ext_len, mem_len):
+    """After an input ending (exclusive) at position e, the memory holds positions [e - E - M, e - E): the M tokens
+    right before the next input, which starts at e - E. Layer 0's memory is the embeddings, so it names them."""
+    model = tiny(vocab_size=50)
+    data = torch.randint(50, (2, 31), generator=torch.Generator().manual_seed(4))
+    streams, mems, t = LMStreams(data.flatten(), 2, 4, ext_len), None, 4  # row b of the streams = data[b]
+    for tau, (x, y) in enumerate(streams):
+        nll, mems = model(x, mems, targets=y, mem_len=mem_len, ext_len=ext_len)
+        assert nll.shape == y.shape
+        end = tau * t + y.size(1)  # exclusive end of this input
+        if mem_len == 0:
+            assert mems == []
+            continue
+        expected = data[:, max(0, end - ext_len - mem_len) : end - ext_len]
+        torch.testing.assert_close(mems[0], model.embed_tokens(expected))
+
+
+def test_extended_context_with_enough_memory_equals_the_whole_sequence():
+    """Segments read with ext_len and a memory long enough for everything score every token exactly as one pass
+    over the whole text: nothing is lost, and nothing is seen twice (a memory that also kept the E re-read tokens
+    would put them twice into the context)."""
+    model = tiny()
+    ids = tokens(25, seed=11)
+    whole = model(ids[None, :-1], targets=ids[None, 1:])[0]  # (1, 24) NLL
+    for ext_len in (1, 3):
+        scores = evaluate_segments(model, ids, tgt_len=5, mem_len=40, ext_len=ext_len)
+        assert scores.tokens == 24 and math.isclose(scores.nll, whole.sum().item(), rel_tol=1e-9)
+    mems, doubled = None, 0.0  # the context seen twice: the reference's memory update without ext_len
+    for x, y in LMStreams(ids, 1, 5, ext_len=3):
+        nll, mems = model(x, mems, targets=y, mem_len=40)
+        doubled += nll.sum().item()
+    assert not math.isclose(doubled, whole.sum().item(), rel_tol=1e-6)
+
+
+def test_targets_shorter_than_the_input_score_its_last_positions():
+    model = tiny()
+    x = tokens(2, 9, seed=12)
+    full = model(x[:, :-1], targets=x[:, 1:])[0]  # (2, 8)
+    torch.testing.assert_close(model(x[:, :-1], targets=x[:, 4:])[0], full[:, 3:])
+    with pytest.raises(ValueError):
+        model(x[:, :3], targets=x[:, :5])
+
+
+# --- u and v: one pair per layer or one shared -------------------------------------------------------
+def shared_copy(per_layer: TransformerXL) -> TransformerXL:
+    """A share_uv model with every other weight of `per_layer`, its (u, v) = layer 0's."""
+    shared = tiny(share_uv=True)
+    state = {k: v for k, v in per_layer.state_dict().items() if "r_w_bias" not in k and "r_r_bias" not in k}
+    missing, unexpected = shared.load_state_dict(state, strict=False)
+    assert sorted(missing) == ["r_r_bias", "r_w_bias"] and not unexpected
+    with torch.no_grad():
+        shared.r_w_bias.copy_(per_layer.layers[0].attn.r_w_bias)
+        shared.r_r_bias.copy_(per_layer.layers[0].attn.r_r_bias)
+    return shared
+
+
+def test_shared_uv_equals_per_layer_pairs_set_equal():
+    per_layer = tiny()
+    assert not hasattr(per_layer, "r_w_bias") and "layers.1.attn.r_r_bias" in per_layer.state_dict()
+    with torch.no_grad():
+        u, v = torch.randn(2, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+        for layer in per_layer.layers:
+            layer.attn.r_w_bias.copy_(u)
+            layer.attn.r_r_bias.copy_(v)
+    shared = shared_copy(per_layer)
+    assert not any("attn.r_" in k for k in shared.state_dict())
+    first, second = tokens(2, 6, seed=13), tokens(2, 5, seed=14)
+    for model_out in zip(*(run_two_segments(m, first, second) for m in (per_layer, shared))):
+        torch.testing.assert_close(*model_out, rtol=0, atol=0)
+    per_layer.layers[1].attn.r_r_bias.data.add_(1.0)  # pairs that differ give other outputs
+    assert not torch.allclose(run_two_segments(per_layer, first, second)[0], run_two_segments(shared, first, second)[0])
+
+
+def run_two_segments(model: TransformerXL, first: torch.Tensor, second: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    _, mems = model(first, mem_len=6)
+    logits, new_mems, weights = model(second, mems, mem_len=6, need_weights=True)
+    return logits, *new_mems, *weights
+
+
+def layer_reruns(model: TransformerXL, x: torch.Tensor):
+    """Records every layer's inputs in one pass; the returned function runs each layer again on exactly those."""
+    calls = []
+    hooks = [layer.register_forward_hook(lambda mod, args, kwargs, out: calls.append((mod, args, kwargs)),
+                                         with_kwargs=True) for layer in model.layers]
+    model(x)
+    for h in hooks:
+        h.remove()
+    return lambda: [mod(*args, **kwargs)[0] for mod, args, kwargs in calls]
+
+
+@pytest.mark.parametrize("share_uv", [True, False])
+def test_a_shared_u_reaches_every_layer_a_per_layer_u_only_its_own(share_uv):
+    model = tiny(n_layers=3, share_uv=share_uv)
+    rerun = layer_reruns(model, tokens(2, 7, seed=15))
+    before = rerun()
+    with torch.no_grad():
+        (model.r_w_bias if share_uv else model.layers[0].attn.r_w_bias).add_(0.5)
+    changed = [not torch.allclose(a, b) for a, b in zip(before, rerun())]  # each layer on its own, same inputs
+    assert changed == ([True] * 3 if share_uv else [True, False, False])
+
+
+def test_share_uv_checkpoints_round_trip_and_old_configs_read_as_per_layer(tmp_path):
+    from attnkit import config as cfgmod
+    from attnkit.checkpoint import LM_VOCAB, Checkpoint, load_lm_checkpoint, save_checkpoint
+
+    old = {"model": {"kind": "transformer-xl", "vocab_size": V, "d_model": 16, "n_heads": 2, "d_ff": 32}}
+    assert cfgmod.from_dict(cfgmod.LMRunConfig, old).model.share_uv is False  # written before the switch existed
+    model = tiny(share_uv=True).float()
+    cfg = cfgmod.LMRunConfig(model=model.config)
+    vocab = b'{"level": "char", "tokens": ["<unk>", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]}'
+    save_checkpoint(tmp_path / "xl.safetensors", Checkpoint(model.kind, cfg, model.state_dict(), {LM_VOCAB: vocab}))
+    loaded, _, loaded_cfg = load_lm_checkpoint(tmp_path / "xl.safetensors")
+    assert loaded_cfg.model.share_uv and torch.equal(loaded.r_w_bias, model.r_w_bias)
+    x = tokens(1, 5, seed=16)
+    torch.testing.assert_close(loaded(x)[0], model(x)[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 from attnkit.cli.main import main
-from attnkit.data import BOS_ID, EOS_ID, collate
+from attnkit.data import BOS_ID, EOS_ID, collate, read_lines
 from attnkit.decode import Translator
+from attnkit.errors import AttnkitError
 from attnkit.nn import sinusoid_table
 from attnkit.train.schedules import make_schedule
 from attnkit.train.trainer import Trainer
@@ -30,8 +32,9 @@ from attnkit.viz import (
 )
 from attnkit.viz.attention import seq2seq_views
 from attnkit.viz.figure import PNG_SIGNATURE
-from attnkit.viz.report import after_fit
-from attnkit.viz.softmax import softmax_jacobian
+from attnkit.viz.positions import rotation, shift_maps, shift_residuals
+from attnkit.viz.report import after_fit, dev_attention_figure
+from attnkit.viz.softmax import softmax_jacobian, two_to_one_logits
 from attnkit.viz.stats import diagonal_hits, diagonal_stats
 from conftest import tiny_run_config
 
@@ -264,6 +267,52 @@ def test_softmax_scaling_argument():
         np.testing.assert_array_equal(ax.lines[1].get_ydata(), s[f"{key}_scaled"])
 
 
+def test_two_to_one_logits_saturate_and_their_gradient_vanishes():
+    """The walk-through's three logits [a, a, 2a]: the largest probability is 1 / (1 + 2 e^-a), the Jacobian
+    (the gradient reaching the scores) is autograd's, and it falls by orders of magnitude as a grows."""
+    a = np.array([0.0, 1.0, 4.0, 8.0, 16.0])
+    f = two_to_one_logits(a)
+    np.testing.assert_allclose(f["pmax"], 1 / (1 + 2 * np.exp(-a)), rtol=1e-12)
+    np.testing.assert_allclose(f["pother"], 1 / (2 + np.exp(a)), rtol=1e-12)
+    for value, norm in zip(a, f["jac"]):
+        logits = torch.tensor([value, value, 2 * value], dtype=torch.float64)
+        jacobian = torch.autograd.functional.jacobian(lambda s: s.softmax(-1), logits)
+        assert math.isclose(torch.linalg.matrix_norm(jacobian).item(), norm, rel_tol=1e-9)
+    assert (np.diff(f["jac"]) < 0).all() and f["jac"][0] > 0.4 and f["jac"][3] < 2e-3 and f["jac"][4] < 1e-6
+    plot = plot_softmax(None, (4, 256), n_keys=8, n_samples=50)
+    probs, grads = plot.figure.axes[3:5]  # the bottom row, drawn up to a = sqrt(max d_k) = 16
+    curve = plot.data["two_to_one"]
+    assert curve["a"][-1] == 16.0
+    np.testing.assert_array_equal(probs.lines[0].get_ydata(), curve["pmax"])
+    np.testing.assert_array_equal(grads.lines[0].get_ydata(), curve["jac"])
+    assert [line.get_xdata()[0] for line in grads.lines[1:]] == [16.0]  # a = sqrt(256) marked
+
+
+def test_sinusoidal_positions_are_a_fixed_rotation_of_each_other(tmp_path):
+    """PE[p + k] = PE[p] R_k for every p: the least-squares map leaves float32 rounding for sinusoids and almost
+    everything for a random table; on the fast dimensions the fitted map is the block rotation itself."""
+    offsets = np.arange(1, 30)
+    res = shift_residuals(32, 200, offsets)
+    assert res["sinusoid"].max() < 1e-5 and res["random"].min() > 0.5
+    table = sinusoid_table(240, 32).double().numpy()
+    for k in (1, 7):
+        np.testing.assert_allclose(table[:-k] @ rotation(32, k), table[k:], atol=1e-4)
+    maps, residuals = shift_maps(table, 200, [7])
+    np.testing.assert_allclose(maps[0][:8, :8], rotation(32, 7)[:8, :8], atol=1e-4)
+    fitted, *_ = np.linalg.lstsq(table[:200], table[7:207], rcond=None)  # the same fit, numpy's way
+    assert math.isclose(residuals[0], np.linalg.norm(table[:200] @ fitted - table[7:207]) / np.linalg.norm(
+        table[7:207]), rel_tol=0.1, abs_tol=1e-9)
+    plot = plot_positions(tmp_path / "p.png", d_model=32, n_positions=40, linear=True, offset=7, fit_positions=200)
+    assert_png(tmp_path / "p.png")
+    drawn = plot.figure.axes[3].lines
+    np.testing.assert_array_equal(drawn[0].get_ydata(), plot.data["residuals"]["sinusoid"])
+    np.testing.assert_array_equal(drawn[1].get_ydata(), plot.data["residuals"]["random"])
+    np.testing.assert_array_equal(plot.figure.axes[2].images[0].get_array(), plot.data["map"][:10, :10])  # 2 periods
+    assert plot.data["map_error"] < 1e-3
+    with pytest.raises(AttnkitError, match="must exceed"):
+        shift_residuals(32, 32, offsets)
+
+
 # --- report.html --------------------------------------------------------------------------------
 def test_training_writes_a_self_contained_report(run_dir):
     page = check_html(run_dir / "report.html")
@@ -271,6 +320,25 @@ def test_training_writes_a_self_contained_report(run_dir):
     assert text.count('src="data:image/png;base64,') >= 2  # curves + sample attention
     assert "d_model: 16" in text and "valid (last row)" in text
     assert page.tags.count("img") >= 2
+
+
+def test_training_writes_the_dev_attention_into_tensorboard(run_dir, data_dir, translator):
+    """After every epoch the trainer draws the first dev sentence's attention (report.html's picture) into the
+    run's TensorBoard log, beside the scalars."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert "attention/dev sentence" in events.Tags()["images"]
+    images = events.Images("attention/dev sentence")
+    steps = [int(r["step"]) for r in csv.DictReader((run_dir / "metrics.csv").open()) if r["split"] == "valid"]
+    assert [im.step for im in images] == steps and len(images) >= 1  # one per epoch, at its step
+    png = images[-1].encoded_image_string
+    assert png[:8] == PNG_SIGNATURE and images[-1].width > 100 and images[-1].height > 100
+    first = read_lines(data_dir / "valid.src.txt")[0]  # the last image shows the final weights: best == last here
+    fig = dev_attention_figure(translator, data_dir)
+    assert fig.texts[0].get_text().startswith(first) and fig.axes[0].images[0].get_array().shape[1] == len(
+        translator.src_tok.pieces(translator.encode_sources([first])[0].tolist())) + 1
 
 
 def test_report_failure_is_a_warning_not_a_crash(tmp_path):

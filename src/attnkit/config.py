@@ -259,6 +259,9 @@ class TransformerXLConfig:
     activation: str = "relu"
     norm_first: bool = False  # False = post-LN (both papers); True = pre-LN
     same_length: bool = False  # XL: every query attends to the same number (mem_len) of keys
+    # XL: one u, v pair (r_w_bias, r_r_bias) for all layers, the PyTorch reference's default; False = one pair
+    # per layer (the reference's untie_r, which its TF scripts and released WikiText-103 / LM1B models use)
+    share_uv: bool = False
     tie_output: bool = True  # output word vectors = input embedding (with cutoffs: tables and projections per cluster)
     max_positions: int = 1024  # vanilla: the absolute-position table grows beyond this when needed
     # Adaptive input + adaptive softmax over the frequency-sorted vocabulary: cluster boundaries (ids below
@@ -304,6 +307,9 @@ class LMTrainConfig(Optimisation):
     eval_tgt_len: int = 0  # 0 = tgt_len
     eval_mem_len: int = -1  # -1 = mem_len (the paper evaluates with longer memory than it trains with)
     clamp_len: int = 0  # relative distances above this use R_clamp_len (0 = no clamping)
+    # extended context (the XL reference's ext_len): the last ext_len tokens of each segment are read again,
+    # not predicted, at the start of the next one (training and evaluation); the memory ends before them
+    ext_len: int = 0
     batch_size: int = 32  # parallel streams
     eval_batch_size: int = 8
     eval_interval: int = 200  # updates between validation passes (and `last` checkpoints)
@@ -313,8 +319,8 @@ class LMTrainConfig(Optimisation):
         super().__post_init__()
         if min(self.tgt_len, self.batch_size, self.eval_batch_size, self.eval_interval) <= 0:
             raise ConfigError("train.tgt_len, batch_size, eval_batch_size, eval_interval must be positive")
-        if self.mem_len < 0 or self.clamp_len < 0 or self.eval_tgt_len < 0 or self.eval_mem_len < -1:
-            raise ConfigError("train.mem_len, clamp_len, eval_tgt_len must be >= 0 (eval_mem_len >= -1)")
+        if min(self.mem_len, self.clamp_len, self.eval_tgt_len, self.ext_len) < 0 or self.eval_mem_len < -1:
+            raise ConfigError("train.mem_len, clamp_len, eval_tgt_len, ext_len must be >= 0 (eval_mem_len >= -1)")
 
     @property
     def eval_lengths(self) -> tuple[int, int]:

@@ -132,9 +132,10 @@ def cmd_eval(args, overrides: list[str]) -> None:
     tgt_len = args.tgt_len or tgt_len
     mem_len = mem_len if args.mem_len is None else args.mem_len
     clamp_len = t.clamp_len if args.clamp_len is None else args.clamp_len
-    scores = evaluate_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+    scores = evaluate_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, ext_len=t.ext_len,
                                batch_size=args.batch_size, max_tokens=args.max_tokens, device=device)
     memory = f", mem_len {mem_len}, clamp_len {clamp_len}" if model.kind == "transformer-xl" else ""
+    memory += f", ext_len {t.ext_len}" if t.ext_len else ""
     print(f"{model.kind} on {args.split}, segments of {tgt_len}{memory}: {scores.summary()}")
     if args.sliding_window:
         window = evaluate_sliding_window(model, ids, window=args.sliding_window, max_tokens=args.max_tokens,

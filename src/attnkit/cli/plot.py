@@ -1,6 +1,6 @@
 """`attnkit plot WHAT`: the pictures of attnkit.viz, one sub-verb each.
 
-attention (PNG grids, --html page, --stats), positions, schedule, curves, softmax, report.
+attention (PNG grids, --html page, --stats), decoding, positions, schedule, curves, softmax, report.
 Every output goes to --out and is never overwritten without --force.
 """
 
@@ -17,7 +17,7 @@ HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    p = sub.add_parser("plot", help="pictures: attention, positions, schedule, curves, softmax, report")
+    p = sub.add_parser("plot", help="pictures: attention, decoding, positions, schedule, curves, softmax, report")
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
     a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
@@ -41,9 +41,24 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_device_option(a, "cpu")
     a.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
+    d = what.add_parser("decoding", help="one sentence decoded step by step (greedy) next to the single "
+                                         "teacher-forced pass with its causal mask, and where they differ")
+    add_checkpoint_option(d)
+    d.add_argument("--src", required=True, help="the source sentence")
+    d.add_argument("--tgt", help="the target teacher forcing reads (default: the greedy output, which it must "
+                                 "reproduce to float rounding)")
+    add_device_option(d, "cpu")
+    _out(d, "decoding.png")
+
     pos = what.add_parser("positions", help="the sinusoidal positional encoding and its offset dot products")
     pos.add_argument("--d-model", type=int, default=128, help="encoding dimensions")
     pos.add_argument("--positions", type=int, default=100, help="positions to draw")
+    pos.add_argument("--linear", action="store_true",
+                     help="add the check that PE(p + k) is a linear map (a block rotation) of PE(p): the "
+                          "least-squares map for --offset and its residual for every offset, against a random table")
+    pos.add_argument("--offset", type=int, default=10, help="with --linear: the offset k whose fitted map is drawn")
+    pos.add_argument("--fit-positions", type=int, default=1000,
+                     help="with --linear: positions p the maps are fitted over (more than --d-model)")
     _out(pos, "positions.png")
 
     s = what.add_parser("schedule", help="the learning-rate curve of a configured schedule")
@@ -64,7 +79,8 @@ def add_parsers(sub) -> dict[str, Callable]:
                    help="x axis: updates, wall-clock minutes, or one panel of each")
     _out(c, "curves.png")
 
-    sm = what.add_parser("softmax", help="why scores are divided by sqrt(d_k)")
+    sm = what.add_parser("softmax", help="why scores are divided by sqrt(d_k): sampled q.k against d_k, and the "
+                                         "logits [a, a, 2a] against a")
     sm.add_argument("--max-dk", type=int, default=1024, help="largest key dimension d_k drawn")
     sm.add_argument("--keys", type=int, default=32, help="keys per query")
     sm.add_argument("--samples", type=int, default=1000, help="random queries per d_k")
@@ -169,10 +185,34 @@ def attention_stats_cmd(args) -> None:
 
 
 # --- the other pictures -----------------------------------------------------------------------
+def plot_decoding_cmd(args, overrides: list[str]) -> None:
+    from attnkit.decode import Translator
+    from attnkit.viz.decoding import decoding_trace, plot_decoding
+
+    out = _new(args.out, args.force)
+    trace = decoding_trace(Translator.from_checkpoint(args.checkpoint, device=args.device), args.src, args.tgt)
+    print(f"{'pos':>3}  {'inference reads':<16} {'-> chooses':<16} {'teacher forcing reads':<22} "
+          f"{'-> chooses':<16} max |d log p|")
+    for i, gap in enumerate(trace.gaps()):
+        cells = trace.label([trace.step_inputs[i], trace.step_outputs[i], trace.forced_inputs[i],
+                             trace.forced_outputs[i]])
+        print(f"{i + 1:>3}  {cells[0]:<16} {cells[1]:<16} {cells[2]:<22} {cells[3]:<16} {gap:.1e}")
+    print("\n".join(trace.summary()))
+    plot_decoding(trace, out)
+    print(f"wrote {out}")
+
+
 def plot_positions_cmd(args, overrides: list[str]) -> None:
     from attnkit.viz.positions import plot_positions
 
-    plot_positions(_new(args.out, args.force), args.d_model, args.positions)
+    plot = plot_positions(_new(args.out, args.force), args.d_model, args.positions, linear=args.linear,
+                          offset=args.offset, fit_positions=args.fit_positions)
+    if args.linear:
+        res = plot.data["residuals"]
+        print(f"least-squares map PE(p) -> PE(p + k) over {args.fit_positions} positions, relative residual for "
+              f"k = 1..{res['offsets'][-1]}: sinusoidal {res['sinusoid'].min():.1e}..{res['sinusoid'].max():.1e}, "
+              f"random table {res['random'].min():.2f}..{res['random'].max():.2f}; k = {args.offset}: the fitted "
+              f"map is the block rotation R_k to {plot.data['map_error']:.0e} on the first dimensions")
     print(f"wrote {args.out}")
 
 
@@ -215,7 +255,13 @@ def plot_softmax_cmd(args, overrides: list[str]) -> None:
     if args.max_dk < 1 or args.keys < 2 or args.samples < 2:
         raise AttnkitError("plot softmax: --max-dk >= 1, --keys >= 2 and --samples >= 2")
     d_ks = tuple(2**i for i in range(args.max_dk.bit_length()))
-    plot_softmax(_new(args.out, args.force), d_ks, args.keys, args.samples, args.seed)
+    plot = plot_softmax(_new(args.out, args.force), d_ks, args.keys, args.samples, args.seed)
+    s, table = plot.data, plot.data["two_to_one_table"]
+    print(f"d_k {s['d_k'][-1]}: Var(q.k) {s['var_raw'][-1]:.0f} unscaled, {s['var_scaled'][-1]:.2f} scaled; largest "
+          f"softmax prob. {s['pmax_raw'][-1]:.2f} / {s['pmax_scaled'][-1]:.2f}; Jacobian norm {s['jac_raw'][-1]:.2g} / "
+          f"{s['jac_scaled'][-1]:.2g}")
+    print("logits [a, a, 2a]: " + ", ".join(f"a={a:g}: p {p:.4f}, |J| {j:.1e}"
+                                            for a, p, j in zip(table["a"], table["pmax"], table["jac"])))
     print(f"wrote {args.out}")
 
 
@@ -226,5 +272,6 @@ def plot_report_cmd(args, overrides: list[str]) -> None:
     print(f"wrote {write_report(args.run, out, data_dir=args.data, n_samples=args.samples)}")
 
 
-PLOTS = {"attention": plot_attention_cmd, "positions": plot_positions_cmd, "schedule": plot_schedule_cmd,
-         "curves": plot_curves_cmd, "softmax": plot_softmax_cmd, "report": plot_report_cmd}
+PLOTS = {"attention": plot_attention_cmd, "decoding": plot_decoding_cmd, "positions": plot_positions_cmd,
+         "schedule": plot_schedule_cmd, "curves": plot_curves_cmd, "softmax": plot_softmax_cmd,
+         "report": plot_report_cmd}

@@ -12,6 +12,8 @@ Data folder layout (written by `prepare_lm`):
 Ordered batching (Dai et al. 2019, as in their reference code): the stream is cut into B contiguous
 parts, one per batch row, and read T tokens at a time, so segment tau + 1 of row b continues segment
 tau of row b — the memory a Transformer-XL carries from one batch to the next is the true left context.
+With extended context E (the reference's `ext_len`), each segment's input also starts with the E tokens
+before it (the end of the previous segment, read again): x is (B, <= E + T), y stays (B, <= T).
 The corpus stays on the CPU; only the (B, T) batches move to the device.
 """
 
@@ -182,14 +184,15 @@ def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike, valid: str 
 
 
 class LMStreams:
-    """A (N,) id stream as B parallel rows read in segments of T: batch tau = (x, y), both (B, <=T)."""
+    """A (N,) id stream as B parallel rows read in segments of T: batch tau = (x, y), (B, <= E + T) and (B, <= T),
+    where the first E = ext_len inputs (fewer in the first segment) are the context before the segment."""
 
-    def __init__(self, ids: torch.Tensor, batch_size: int, tgt_len: int):
+    def __init__(self, ids: torch.Tensor, batch_size: int, tgt_len: int, ext_len: int = 0):
         n_per_stream = ids.numel() // batch_size
         if n_per_stream < 2:
             raise DataError(f"{ids.numel()} tokens are too few for {batch_size} streams")
         self.data = ids[: n_per_stream * batch_size].view(batch_size, n_per_stream)  # (B, L), row b = part b
-        self.tgt_len = tgt_len
+        self.tgt_len, self.ext_len = tgt_len, ext_len
 
     def __len__(self) -> int:
         """Segments per pass: every position but the last of a row is an input (the last is only a target)."""
@@ -201,10 +204,11 @@ class LMStreams:
         return self.data.size(0) * (self.data.size(1) - 1)
 
     def batch(self, tau: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Segment tau: inputs data[:, tau*T : tau*T+T], targets the same shifted by one (the last one shorter)."""
+        """Segment tau: inputs data[:, tau*T-E : tau*T+T] (from 0 at most), targets data[:, tau*T+1 : tau*T+T+1]
+        (the last segment shorter): the reference's LMOrderedIterator.get_batch."""
         start = tau * self.tgt_len
         end = min(start + self.tgt_len, self.data.size(1) - 1)
-        return self.data[:, start:end], self.data[:, start + 1 : end + 1]  # (B, T) each
+        return self.data[:, max(0, start - self.ext_len) : end], self.data[:, start + 1 : end + 1]  # (B, E+T), (B, T)
 
     def segments(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches start, start + 1, ... to the end of the pass (resuming mid-pass starts later)."""

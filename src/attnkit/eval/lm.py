@@ -62,16 +62,18 @@ class LMScores:
 @torch.no_grad()
 @prepacked()
 def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
-                      batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
+                      ext_len: int = 0, batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
                       dtype: str = "float32") -> LMScores:
-    """Score ids (N,) read as B ordered streams in segments of T, carrying the memory (XL) across segments."""
+    """Score ids (N,) read as B ordered streams in segments of T, carrying the memory (XL) across segments;
+    each segment also reads the ext_len tokens before it (extended context, not scored)."""
     device = torch.device(device)
     model.eval()
-    streams, mems, nll, n = LMStreams(ids, batch_size, tgt_len), None, 0.0, 0
+    streams, mems, nll, n = LMStreams(ids, batch_size, tgt_len, ext_len), None, 0.0, 0
     start = time.perf_counter()
     for x, y in streams:
         with autocast(device, dtype):
-            token, mems = model(x.to(device), mems, targets=y.to(device), mem_len=mem_len, clamp_len=clamp_len)
+            token, mems = model(x.to(device), mems, targets=y.to(device), mem_len=mem_len, clamp_len=clamp_len,
+                                ext_len=ext_len)
         nll, n = nll + token.sum().item(), n + y.numel()  # token: (B, T) NLL
         if max_tokens and n >= max_tokens:
             break

@@ -12,7 +12,15 @@ Without autograd (evaluation, sampling) the returned `Memory` also carries the m
 and the position keys W_{k,R} R are kept between segments: both are what the next segment would compute
 again from unchanged weights, so a segment costs its own T positions, not M + T (exact, and tested).
 `forward(x, mems, targets=y)` returns the per-token NLL (B, T) in place of the logits: training and
-evaluation take that path, which never builds (B, T, V) with the adaptive softmax.
+evaluation take that path, which never builds (B, T, V) with the adaptive softmax. Targets shorter than x
+score only the last positions: the first ones are extended context.
+
+Extended context (`ext_len` E, the XL reference's `ext_len`): the last E tokens of a segment are read again
+at the start of the next one (attnkit.data.lm.LMStreams), as input with full gradient but not predicted,
+so the memory keeps the M positions that precede them: concat(memory, segment)[M+T-E-mem_len : M+T-E]
+(the reference's `_update_mems`, as its comment and its data iterator define it; its one call passes qlen
+and mlen swapped, which changes the result only while the memory holds fewer than E positions: the first
+segment, or every one when mem_len < E).
 
 Word embeddings and the output layer are adaptive (`model.cutoffs`, `model.div_val`; attnkit.nn.adaptive):
 adaptive input (Baevski & Auli 2019) and the adaptive softmax (Grave et al. 2017) over the same clusters,
@@ -39,7 +47,7 @@ from attnkit.nn import Dropout, EncoderLayer, FeedForward, SinusoidalPositions, 
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache
 from attnkit.nn.layers import Residual
-from attnkit.nn.relative import RelativeMultiHeadAttention
+from attnkit.nn.relative import RelativeMultiHeadAttention, position_biases
 
 Mems = list[torch.Tensor]  # L tensors (B, M, D)
 
@@ -49,23 +57,25 @@ class XLLayer(nn.Module):
 
     def __init__(self, c: TransformerXLConfig):
         super().__init__()
-        self.attn = RelativeMultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout)
+        self.attn = RelativeMultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, own_biases=not c.share_uv)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.dropout)
         self.attn_block = Residual(c.d_model, c.dropout, c.norm_first)
         self.ffn_block = Residual(c.d_model, c.dropout, c.norm_first)
 
     def forward(self, x: torch.Tensor, mem: torch.Tensor | None, r: torch.Tensor, *, mask: torch.Tensor,
-                mem_kv: KVCache | None = None, need_weights: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
+                biases: tuple[torch.Tensor, torch.Tensor] | None = None, mem_kv: KVCache | None = None,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
         """x (B, T, D), mem (B, M, D) or None (or its keys/values mem_kv), r (H, S, Dh) position keys,
-        mask (T, S) -> (B, T, D), weights (B, H, T, S) or None, the context's keys/values (B, H, S, Dh)."""
+        mask (T, S), biases the shared (u, v) or None -> (B, T, D), weights (B, H, T, S) or None, the context's
+        keys/values (B, H, S, Dh)."""
         weights = kv = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
             nonlocal weights, kv
             # Pre-LN normalises the memory with the same LayerNorm as the segment (the XL reference's pre_lnorm).
             m = self.attn_block.norm(mem) if mem is not None and mem_kv is None and self.attn_block.norm_first else mem
-            out, weights, kv = self.attn(h, m, r, mask=mask, memory_kv=mem_kv, need_weights=need_weights)
+            out, weights, kv = self.attn(h, m, r, mask=mask, biases=biases, memory_kv=mem_kv,
+                                         need_weights=need_weights)
             return out
 
         x = self.attn_block(x, attend)
@@ -125,8 +135,12 @@ class LanguageModel(nn.Module):
         return self.embed if self.out_proj is None else self.out_proj
 
     def output(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states (B, T, D) -> logits (B, T, V) (log-probabilities with cutoffs), or with targets (B, T)
-        the per-token NLL (B, T)."""
+        """Hidden states (B, T, D) -> logits (B, T, V) (log-probabilities with cutoffs), or with targets
+        (B, T' <= T) the per-token NLL (B, T') of the last T' positions (the first T - T' are extended context)."""
+        if targets is not None:
+            if targets.size(1) > h.size(1):
+                raise ValueError(f"{targets.size(1)} targets for {h.size(1)} positions")
+            h = h[:, h.size(1) - targets.size(1) :]
         h = self.dropout(self.final_norm(h))
         if targets is None:
             return self.softmax.logits(h, self.output_words())
@@ -140,6 +154,12 @@ class TransformerXL(LanguageModel):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         self.layers = nn.ModuleList(XLLayer(config) for _ in range(config.n_layers))
+        if config.share_uv:  # one u, v for every layer (the XL reference's r_w_bias / r_r_bias without untie_r)
+            self.r_w_bias, self.r_r_bias = position_biases(config.n_heads, config.d_model // config.n_heads)
+
+    def shared_biases(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (u, v) pair every layer uses with `share_uv`; None when each layer has its own."""
+        return (self.r_w_bias, self.r_r_bias) if self.config.share_uv else None
 
     def relative_positions(self, s: int, clamp_len: int, device: torch.device) -> torch.Tensor:
         """(S, D) sinusoids of the distances S-1 .. 0, clamped to clamp_len when it is > 0."""
@@ -177,9 +197,10 @@ class TransformerXL(LanguageModel):
         return keep
 
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
-                mem_len: int = 0, clamp_len: int = 0, need_weights: bool = False):
-        """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T), the NLL (B, T);
-        new mems L x (B, min(mem_len, M+T), D) (a `Memory`) [, weights L x (B, H, T, S) when need_weights]."""
+                mem_len: int = 0, clamp_len: int = 0, ext_len: int = 0, need_weights: bool = False):
+        """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T' <= T), the NLL (B, T')
+        of the last T' positions; new mems L x (B, <= mem_len, D) (a `Memory`: the positions before the last
+        ext_len) [, weights L x (B, H, T, S) when need_weights]."""
         mems = mems or None
         t, m = x.size(1), 0 if mems is None else mems[0].size(1)
         key = self.cache_key(x.device)
@@ -187,29 +208,39 @@ class TransformerXL(LanguageModel):
         h = self.dropout(self.embed_tokens(x))
         rs = self.position_keys(m + t, clamp_len, x.device, key)  # L x (H, S, Dh)
         mask = self.attention_mask(t, m, mem_len, x.device)
+        biases = self.shared_biases()
         inputs, weights, kvs = [], [], []
         for i, layer in enumerate(self.layers):
             inputs.append(h)
-            h, w, kv = layer(h, None if mems is None else mems[i], rs[i], mask=mask,
+            h, w, kv = layer(h, None if mems is None else mems[i], rs[i], mask=mask, biases=biases,
                              mem_kv=None if mem_kv is None else mem_kv[i], need_weights=need_weights)
             weights.append(w)
             kvs.append(kv)
         out = self.output(h, targets)
-        new_mems = self.update_mems(mems, inputs, mem_len)
+        kept = memory_span(m, t, mem_len, ext_len)
+        new_mems = self.update_mems(mems, inputs, kept)
         if key is not None and new_mems:  # the keys/values of exactly the positions kept
-            keep = new_mems[0].size(1)
-            new_mems = Memory(new_mems, [KVCache(kv.k[:, :, -keep:], kv.v[:, :, -keep:]) for kv in kvs], key)
+            new_mems = Memory(new_mems, [KVCache(kv.k[:, :, kept], kv.v[:, :, kept]) for kv in kvs], key)
         return (out, new_mems, weights) if need_weights else (out, new_mems)
 
     @staticmethod
-    def update_mems(mems: Mems | None, inputs: Mems, mem_len: int) -> Memory:
-        """The last mem_len positions of concat(memory, segment) per layer, cut from the graph (section 3.2: SG)."""
-        if mem_len <= 0:
+    def update_mems(mems: Mems | None, inputs: Mems, kept: slice) -> Memory:
+        """Positions `kept` of concat(memory, segment) per layer, cut from the graph (section 3.2: SG)."""
+        if kept.stop <= kept.start:
             return Memory([])
         with torch.no_grad():
             if mems is None:
-                return Memory([h[:, -mem_len:].detach() for h in inputs])
-            return Memory([torch.cat([old, h], dim=1)[:, -mem_len:].detach() for old, h in zip(mems, inputs)])
+                return Memory([h[:, kept].detach() for h in inputs])
+            return Memory([torch.cat([old, h], dim=1)[:, kept].detach() for old, h in zip(mems, inputs)])
+
+
+def memory_span(m: int, t: int, mem_len: int, ext_len: int = 0) -> slice:
+    """Which positions of concat(memory M, segment T) become the next memory: the last mem_len before the
+    segment's last ext_len (those are read again as the next segment's first tokens)."""
+    if mem_len <= 0:
+        return slice(0, 0)
+    end = m + max(0, t - ext_len)
+    return slice(max(0, end - mem_len), end)
 
 
 class VanillaLM(LanguageModel):
@@ -227,9 +258,9 @@ class VanillaLM(LanguageModel):
             for _ in range(c.n_layers))
 
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
-                mem_len: int = 0, clamp_len: int = 0, need_weights: bool = False):
-        """x (B, T) -> logits (B, T, V) or, given targets (B, T), the NLL (B, T); [] [, weights L x (B, H, T, T)].
-        mems, mem_len, clamp_len are ignored."""
+                mem_len: int = 0, clamp_len: int = 0, ext_len: int = 0, need_weights: bool = False):
+        """x (B, T) -> logits (B, T, V) or, given targets (B, T' <= T), the NLL (B, T') of the last T' positions;
+        [] [, weights L x (B, H, T, T)]. mems, mem_len, clamp_len, ext_len are ignored."""
         h = self.dropout(self.positions(self.embed_tokens(x)))
         mask = causal_mask(x.size(1), device=x.device)  # (T, T)
         weights = []

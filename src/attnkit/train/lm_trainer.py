@@ -64,7 +64,7 @@ class LMTrainer(TrainerBase):
         self.build()
         self.train_model = self.dist.wrap(self.model)
         # batch_size streams in all: each rank reads its own rows, so a resume may change the world size
-        self.streams = LMStreams(self.corpus.splits["train"], t.batch_size, t.tgt_len)
+        self.streams = LMStreams(self.corpus.splits["train"], t.batch_size, t.tgt_len, t.ext_len)
         self.rows = self.dist.shard(t.batch_size)
         self.mems: list[torch.Tensor] | None = None
         self.start(resume)
@@ -96,7 +96,7 @@ class LMTrainer(TrainerBase):
             with self.dist.no_sync(self.train_model, sync=i == len(group) - 1):
                 with autocast(self.device, t.dtype):  # the per-token NLL (B, T): no (B, T, V) with an adaptive softmax
                     nll, self.mems = self.train_model(x.to(self.device), self.mems, targets=y.to(self.device),
-                                                      mem_len=t.mem_len, clamp_len=t.clamp_len)
+                                                      mem_len=t.mem_len, clamp_len=t.clamp_len, ext_len=t.ext_len)
                 nll = nll.sum()
                 (nll / n_tokens).backward()  # DDP averages the ranks' per-token means
             total += nll.item()
@@ -116,8 +116,8 @@ class LMTrainer(TrainerBase):
         t = self.cfg.train
         tgt_len, mem_len = t.eval_lengths
         scores = evaluate_segments(self.model, valid, tgt_len=tgt_len, mem_len=mem_len, clamp_len=t.clamp_len,
-                                   batch_size=t.eval_batch_size, max_tokens=t.eval_max_tokens, device=self.device,
-                                   dtype=t.dtype)
+                                   ext_len=t.ext_len, batch_size=t.eval_batch_size, max_tokens=t.eval_max_tokens,
+                                   device=self.device, dtype=t.dtype)
         return {"loss": scores.loss, "ppl": scores.ppl, "bpc": scores.bpc, "tok_s": scores.tok_s}
 
     def _checkpoint(self, metrics: dict[str, float]) -> None:

@@ -53,6 +53,19 @@ class MetricsLog:
                     self.tb.add_scalar(f"{split}/{key}", value, step)
             self.tb.flush()
 
+    @property
+    def images(self) -> bool:
+        """Whether figures go anywhere (TensorBoard is installed and on): drawing them costs time otherwise."""
+        return self.tb is not None
+
+    def figure(self, tag: str, fig, step: int) -> None:
+        """A matplotlib figure as a TensorBoard image at `step` (laid out, rendered, then closed)."""
+        if self.tb is None:
+            return
+        fig.tight_layout()
+        self.tb.add_figure(tag, fig, step, close=True)
+        self.tb.flush()
+
     def say(self, message: str) -> None:
         """A line for the human log (train.log), time-stamped."""
         with self.text_path.open("a", encoding="utf-8") as f:
@@ -65,6 +78,11 @@ class MetricsLog:
 
 class NullLog:
     """The log of a rank other than 0: every process trains, only rank 0 writes."""
+
+    images = False
+
+    def figure(self, tag: str, fig, step: int) -> None:
+        pass
 
     def say(self, message: str) -> None:
         pass

@@ -1,7 +1,8 @@
 """The training loop for seq2seq models: batches -> loss -> Adam + schedule -> evaluate -> checkpoints.
 
 A run folder holds config.yaml (the resolved config), checkpoints/{last,best}.safetensors,
-metrics.csv, train.log and tensorboard/. `resume=True` continues exactly where `last` stopped:
+metrics.csv, train.log and tensorboard/ (the scalars, and after every epoch the attention of the first dev
+sentence as an image, when the tensorboard extra is installed). `resume=True` continues exactly where `last` stopped:
 weights, optimizer, schedule position, RNG and the position inside the epoch's batch order.
 """
 
@@ -195,6 +196,7 @@ class Trainer(TrainerBase):
                 self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
             eval_start = time.monotonic()
             metrics = self.evaluate() if self.dist.is_main else {}
+            self._attention_image()
             eval_reserve = time.monotonic() - eval_start
             self.state.elapsed_s = time.monotonic() - clock
             self._end_of_epoch(metrics)
@@ -207,6 +209,23 @@ class Trainer(TrainerBase):
             after_fit(self.run_dir, self.data_dir, self.log.say)
         self.log.close()
         return metrics
+
+    def _attention_image(self) -> None:
+        """The first dev sentence's attention under the current weights, into TensorBoard at this step (the
+        same picture as report.html's samples); a failure is a warning, never the end of the run."""
+        if not self.log.images:
+            return
+        from attnkit.viz.report import dev_attention_figure  # here: importing attnkit stays matplotlib-free
+
+        t = self.cfg.train
+        try:
+            translator = Translator(self.model, self.src_tok, self.tgt_tok, device=self.device,
+                                    max_len_a=t.max_len_a, max_len_b=t.max_len_b)
+            fig = dev_attention_figure(translator, self.data_dir)
+            if fig is not None:
+                self.log.figure("attention/dev sentence", fig, self.state.step)
+        except Exception as e:  # noqa: BLE001 - a picture must never cost a training run
+            self.log.say(f"warning: no attention image for TensorBoard: {type(e).__name__}: {e}")
 
     def _end_of_epoch(self, metrics: dict[str, float]) -> None:
         if metrics:

@@ -126,16 +126,40 @@ def _lm_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
     return "\n".join(parts)
 
 
-def _attention_img(view) -> str:
-    """The last layer of the view's main kind (cross for seq2seq, self for LMs), heads averaged, as an <img>."""
+def attention_figure(view):
+    """The last layer of the view's main kind (cross for seq2seq, self for LMs), heads averaged: an open figure."""
     from attnkit.viz.attention import draw_grid
-    from attnkit.viz.figure import png_bytes
 
     kind = "cross" if "cross" in view.maps else next(iter(view.maps))
     mean = view.maps[kind][-1].mean(0)[None, None]  # (1, 1, Tq, Tk)
     fig = draw_grid(mean, view.queries[kind], view.keys[kind], row_names=[f"{kind}, last layer"],
                     boundary=view.boundary.get(kind))
-    return _img(png_bytes(fig, 80), "attention")
+    fig.axes[0].set_title(f"{kind}, last layer, heads averaged", fontsize=8)
+    return fig
+
+
+def _attention_img(view) -> str:
+    from attnkit.viz.figure import png_bytes
+
+    return _img(png_bytes(attention_figure(view), 80), "attention")
+
+
+def dev_attention_figure(translator, data_dir: str | Path, title: str = ""):
+    """`attention_figure` of the first dev sentence (test, when there is no dev set) as `translator`'s model
+    translates it now, or None when there is no sentence or the model has no attention. What the trainer
+    writes into TensorBoard after every epoch, so the maps can be watched as they form."""
+    from attnkit.config import family
+    from attnkit.viz.attention import seq2seq_views
+
+    sources, _ = _sample_lines(Path(data_dir), 1)
+    if not sources or not family(translator.model.kind).attention:
+        return None
+    view = seq2seq_views(translator, sources[:1])[0]
+    fig = attention_figure(view)
+    fig.suptitle(title or f"{view.source}\n→ {view.output}", fontsize=8)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(max(width, 6.0), max(height, 4.5) + 0.5)  # room for the two-line title
+    return fig
 
 
 def _sample(i: int, source: str, output: str, ref: str | None, picture: str) -> str:
