@@ -65,12 +65,20 @@ class TransformerConfig:
     share_embeddings: bool = True  # one table for source, target and output (section 3.4); joint vocab
     tie_output: bool = True  # output projection = target embedding matrix
     max_positions: int = 1024
+    # Structural switches; the defaults are the paper's model, the other values those of Kyubyong Park's TensorFlow
+    # Transformer (docs/kyubyong.md, the `kyubyong` preset).
+    output_projection: bool = True  # W^O after concatenating the heads (section 3.2.2); false: the concatenation
+    sublayer_dropout: bool = True  # `dropout` on each sublayer's output before the residual sum; false: embeddings only
+    layer_norm_eps: float = 1e-5  # every LayerNorm's epsilon (torch's default; Kyubyong Park's is 1e-8)
+    zero_pad_positions: bool = False  # no positional encoding at padding positions (Kyubyong Park's masking)
 
     def __post_init__(self) -> None:
         _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
                         "n_decoder_layers", "max_positions")
         _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
         _check_heads(self)
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            raise ConfigError(f"model.layer_norm_eps must be in (0, 1), not {self.layer_norm_eps}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
 
@@ -121,6 +129,7 @@ class TrainConfig(Optimisation):
     """How to train a seq2seq model: token-budget batches, per-epoch evaluation, checkpoints to average."""
 
     max_tokens: int = 4096  # padded tokens per batch (per rank)
+    max_sentences: int = 0  # and at most this many sentence pairs per batch (0 = no cap; Kyubyong Park: 128)
     max_epochs: int = 20
     label_smoothing: float = 0.1
     eval_bleu: bool = True  # greedy BLEU on the dev set after every epoch
@@ -136,8 +145,8 @@ class TrainConfig(Optimisation):
         super().__post_init__()
         if self.best_metric not in ("loss", "bleu"):
             raise ConfigError(f"train.best_metric must be loss or bleu, not {self.best_metric!r}")
-        if self.max_tokens <= 0:
-            raise ConfigError("train.max_tokens must be positive")
+        if self.max_tokens <= 0 or self.max_sentences < 0:
+            raise ConfigError("train.max_tokens must be positive (and train.max_sentences not negative)")
         if self.max_epochs < 0:
             raise ConfigError("train.max_epochs must not be negative")
 
@@ -150,10 +159,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-def _model_kind(data: dict) -> Any:
-    """The `kind` a config's model section names (the Transformer when it names none)."""
+def _model_kind(data: dict, default: str = "transformer") -> Any:
+    """The `kind` a config's model section names (`default` when it names none)."""
     model = data.get("model")
-    return model.get("kind", "transformer") if isinstance(model, dict) else "transformer"
+    return model.get("kind", default) if isinstance(model, dict) else default
 
 
 def to_dict(cfg: Any) -> dict:
@@ -166,7 +175,8 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = dict(typing.get_type_hints(cls))
     if hints.get("model") is Any:  # a run config: the model section's `kind` picks its class
-        hints["model"] = family(_model_kind(data), f"{where + '.' if where else ''}model.kind").config
+        default = cls.__dataclass_fields__["model"].default_factory().kind  # the run's own kind when none is named
+        hints["model"] = family(_model_kind(data, default), f"{where + '.' if where else ''}model.kind").config
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
@@ -248,7 +258,7 @@ class TransformerXLConfig:
     live in LMTrainConfig and are passed to `forward`; the model config holds the architecture.
     """
 
-    kind: str = "transformer-xl"  # transformer-xl | vanilla-lm
+    kind: str = "transformer-xl"  # transformer-xl | vanilla-lm | recurrent-vanilla-lm
     vocab_size: int = 256
     d_model: int = 256
     n_heads: int = 4
@@ -271,24 +281,48 @@ class TransformerXLConfig:
     div_val: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in kinds("lm"):
-            raise ConfigError(f"model.kind must be one of {', '.join(kinds('lm'))}, not {self.kind!r}")
+        if self.kind not in kinds("lm", TransformerXLConfig):
+            raise ConfigError(f"model.kind must be one of {', '.join(kinds('lm', TransformerXLConfig))}, "
+                              f"not {self.kind!r}")
         _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions")
         _check_heads(self)
-        self._check_clusters()
+        _check_clusters(self)
 
-    def _check_clusters(self) -> None:
-        """cutoffs: increasing positive ints (stored as a list); every cluster keeps at least one dimension.
-        That they stay below the vocabulary size is checked when the model is built (the corpus sets it)."""
-        cutoffs = self.cutoffs
-        if not isinstance(cutoffs, list | tuple) or not all(type(c) is int and c > 0 for c in cutoffs) or any(
-                b <= a for a, b in zip(cutoffs, cutoffs[1:])):
-            raise ConfigError(f"model.cutoffs must be a list of increasing positive integers, not {cutoffs!r}")
-        object.__setattr__(self, "cutoffs", list(cutoffs))  # frozen: normalise a tuple given in Python
-        _check_positive(self, "div_val")
-        if self.d_model // self.div_val ** len(cutoffs) < 1:
-            raise ConfigError(f"model.div_val={self.div_val}: the last of {len(cutoffs) + 1} clusters would have "
-                              f"d_model // div_val**{len(cutoffs)} = 0 dimensions")
+
+def _check_clusters(cfg: Any) -> None:
+    """cutoffs: increasing positive ints (stored as a list); every cluster keeps at least one dimension.
+    That they stay below the vocabulary size is checked when the model is built (the corpus sets it)."""
+    cutoffs = cfg.cutoffs
+    if not isinstance(cutoffs, list | tuple) or not all(type(c) is int and c > 0 for c in cutoffs) or any(
+            b <= a for a, b in zip(cutoffs, cutoffs[1:])):
+        raise ConfigError(f"model.cutoffs must be a list of increasing positive integers, not {cutoffs!r}")
+    object.__setattr__(cfg, "cutoffs", list(cutoffs))  # frozen: normalise a tuple given in Python
+    _check_positive(cfg, "div_val")
+    if cfg.d_model // cfg.div_val ** len(cutoffs) < 1:
+        raise ConfigError(f"model.div_val={cfg.div_val}: the last of {len(cutoffs) + 1} clusters would have "
+                          f"d_model // div_val**{len(cutoffs)} = 0 dimensions")
+
+
+@dataclass(frozen=True)
+class RNNLMConfig:
+    """An LSTM language model (attnkit.models.rnn_lm), the recurrent baseline of the Transformer-XL paper: the same
+    (adaptive) embedding and softmax as the Transformer LMs, and the same `forward(x, mems)` interface."""
+
+    kind: str = "lstm-lm"
+    vocab_size: int = 256
+    d_model: int = 256  # embedding = LSTM state size (one size, so the output layer can be tied)
+    n_layers: int = 2
+    dropout: float = 0.2  # embeddings, between LSTM layers, before the output layer
+    tie_output: bool = True
+    cutoffs: list[int] = field(default_factory=list)  # adaptive input + softmax, as TransformerXLConfig
+    div_val: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in kinds("lm", RNNLMConfig):
+            raise ConfigError(f"model.kind must be one of {', '.join(kinds('lm', RNNLMConfig))}, not {self.kind!r}")
+        _check_positive(self, "vocab_size", "d_model", "n_layers")
+        _check_fractions(self, "dropout")
+        _check_clusters(self)
 
 
 @dataclass(frozen=True)
@@ -330,10 +364,15 @@ class LMTrainConfig(Optimisation):
 
 @dataclass(frozen=True)
 class LMRunConfig:
-    """A language-model run: the model (either LM kind) + its training."""
+    """A language-model run: the model (any LM kind) + its training."""
 
-    model: TransformerXLConfig = field(default_factory=TransformerXLConfig)
+    model: Any = field(default_factory=TransformerXLConfig)  # the config of any LM family (kind picks it)
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
+
+    def __post_init__(self) -> None:
+        if family(self.model.kind).task != "lm":
+            raise ConfigError(f"model.kind {self.model.kind!r} is not a language model "
+                              f"(one of {', '.join(kinds('lm'))})")
 
 
 @dataclass(frozen=True)
@@ -403,6 +442,9 @@ FAMILIES: dict[str, Family] = {
     "rnn-hard": Family(RNNConfig, RunConfig, "seq2seq", "rnn:HardAttentionSeq2Seq", ("cross",)),
     "transformer-xl": Family(TransformerXLConfig, LMRunConfig, "lm", "transformer_xl:TransformerXL", ("self",)),
     "vanilla-lm": Family(TransformerXLConfig, LMRunConfig, "lm", "transformer_xl:VanillaLM", ("self",)),
+    "recurrent-vanilla-lm": Family(TransformerXLConfig, LMRunConfig, "lm", "transformer_xl:RecurrentVanillaLM",
+                                   ("self",)),
+    "lstm-lm": Family(RNNLMConfig, LMRunConfig, "lm", "rnn_lm:LSTMLM", ()),
 }
 
 

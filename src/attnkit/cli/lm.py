@@ -6,6 +6,7 @@
         --mem-len 256
     attnkit lm generate --checkpoint runs/shakespeare/xl/checkpoints/best.safetensors --prompt "ROMEO:"
     attnkit lm speed --lengths 128 256 512 1024
+    attnkit lm speed --lengths 800 3800 --vanilla-tokens 32   # the Transformer-XL paper's table 9 lengths
 
 Torch and the model code are imported inside the command functions, so `attnkit --help` stays fast.
 """
@@ -23,6 +24,7 @@ from attnkit.cli.options import (
     add_sampling_options,
     add_train_options,
 )
+from attnkit.errors import AttnkitError
 
 DEFAULT_PRESET = "lm-char-small"
 
@@ -74,6 +76,10 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_config_option(s, "lm-workload: d 256, 4 heads, FFN 1024, 4 layers, vocab 256")
     s.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024], help="attention lengths")
     s.add_argument("--runs", type=int, default=5, help="timed calls per measurement (median)")
+    s.add_argument("--vanilla-tokens", type=int, default=0, metavar="N",
+                   help="time the vanilla sliding window over N predicted tokens (N calls of one window: at 3,800 "
+                        "each is a forward pass over 3,800 tokens) and Transformer-XL over --runs segments; the two "
+                        "are timed in separate passes over the lengths (0: --runs calls for both, one pass)")
     s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     add_device_option(s, "cpu")
     return {"lm": cmd_lm}
@@ -134,7 +140,7 @@ def cmd_eval(args, overrides: list[str]) -> None:
     clamp_len = t.clamp_len if args.clamp_len is None else args.clamp_len
     scores = evaluate_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, ext_len=t.ext_len,
                                batch_size=args.batch_size, max_tokens=args.max_tokens, device=device)
-    memory = f", mem_len {mem_len}, clamp_len {clamp_len}" if model.kind == "transformer-xl" else ""
+    memory = f", mem_len {mem_len}, clamp_len {clamp_len}" if model.attends_to_memory else ""
     memory += f", ext_len {t.ext_len}" if t.ext_len else ""
     print(f"{model.kind} on {args.split}, segments of {tgt_len}{memory}: {scores.summary()}")
     if args.sliding_window:
@@ -155,7 +161,7 @@ def cmd_generate(args, overrides: list[str]) -> None:
     ids = vocab.encode([args.prompt])
     prompt = torch.as_tensor(ids[:-1] if len(ids) > 1 else ids, dtype=torch.long, device=device)[None]  # (1, P)
     mem_len = cfg.train.eval_lengths[1] if args.mem_len is None else args.mem_len
-    if model.kind == "vanilla-lm" and mem_len <= 0:
+    if model.kind != "transformer-xl" and mem_len <= 0:  # the others sample from a window of recent tokens
         mem_len = cfg.train.tgt_len
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(model, prompt, args.length, mem_len=mem_len, clamp_len=cfg.train.clamp_len,
@@ -164,6 +170,8 @@ def cmd_generate(args, overrides: list[str]) -> None:
 
 
 def cmd_speed(args, overrides: list[str]) -> None:
+    from dataclasses import replace
+
     import torch
 
     from attnkit import config as cfgmod
@@ -172,7 +180,13 @@ def cmd_speed(args, overrides: list[str]) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = cfgmod.resolve(args.config, overrides, cls=cfgmod.LMRunConfig)
+    if min(args.lengths) < 1 or args.runs < 1 or args.vanilla_tokens < 0:
+        raise AttnkitError("lm speed: --lengths and --runs must be positive, --vanilla-tokens not negative")
     rows = speed_table(cfg.model, tuple(args.lengths), runs=args.runs, device=args.device)
+    if args.vanilla_tokens and args.vanilla_tokens != args.runs:  # speed_table times both with one count
+        vanilla = speed_table(cfg.model, tuple(args.lengths), runs=args.vanilla_tokens, device=args.device)
+        rows = [replace(row, vanilla_ms=v.vanilla_ms) for row, v in zip(rows, vanilla)]
+    tokens = f"vanilla over {args.vanilla_tokens or args.runs} tokens, XL over {args.runs} segments"
     print(f"evaluation time per token, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
-          f"{torch.get_num_threads()} threads, {args.device}")
+          f"{torch.get_num_threads()} threads, {args.device}; {tokens} per length (medians)")
     print(format_speed_table(rows))

@@ -83,8 +83,9 @@ def collate(pairs: list[tuple[np.ndarray, np.ndarray]], indices: Sequence[int]) 
     )
 
 
-def _greedy_fill(costs: np.ndarray, max_tokens: int) -> list[int]:
-    """Start positions of batches over `costs` (already in batch order) under the padded budget.
+def _greedy_fill(costs: np.ndarray, max_tokens: int, max_sentences: int = 0) -> list[int]:
+    """Start positions of batches over `costs` (already in batch order) under the padded budget and, when
+    max_sentences > 0, at most that many examples each.
 
     A Python loop over plain ints: ~10 ms for 30k examples, and the running max makes a numpy
     formulation no clearer.
@@ -92,7 +93,7 @@ def _greedy_fill(costs: np.ndarray, max_tokens: int) -> list[int]:
     starts, n, longest = [0], 0, 0
     for i, c in enumerate(costs.tolist()):
         new_longest = max(longest, c)
-        if n and (n + 1) * new_longest > max_tokens:
+        if n and ((n + 1) * new_longest > max_tokens or n == max_sentences):
             starts.append(i)
             n, new_longest = 0, c
         n, longest = n + 1, new_longest
@@ -100,7 +101,8 @@ def _greedy_fill(costs: np.ndarray, max_tokens: int) -> list[int]:
 
 
 class TokenBatchSampler:
-    """Length-bucketed batches of at most `max_tokens` padded tokens (source or target, whichever is longer).
+    """Length-bucketed batches of at most `max_tokens` padded tokens (source or target, whichever is longer),
+    and of at most `max_sentences` examples when that is > 0 (batches of N sentences, as Kyubyong Park's).
 
     Sorting by length keeps padding small; shuffling the batch order (not the examples) keeps
     SGD noisy. With several ranks, batch i goes to rank i % world_size.
@@ -116,15 +118,17 @@ class TokenBatchSampler:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        max_sentences: int = 0,
     ):
-        if max_tokens < 1:
-            raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
+        if max_tokens < 1 or max_sentences < 0:
+            raise ConfigError(f"max_tokens must be positive (and max_sentences not negative), got {max_tokens} "
+                              f"and {max_sentences}")
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is outside world size {world_size}")
         self.src_lens, self.tgt_lens = np.asarray(src_lens, np.int64), np.asarray(tgt_lens, np.int64)
         if self.src_lens.shape != self.tgt_lens.shape:
             raise ValueError("src_lens and tgt_lens differ in length")
-        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        self.max_tokens, self.max_sentences, self.shuffle, self.seed = max_tokens, max_sentences, shuffle, seed
         self.rank, self.world_size = rank, world_size
 
     def _costs(self) -> np.ndarray:
@@ -135,7 +139,7 @@ class TokenBatchSampler:
         rng = np.random.default_rng(self.seed + epoch)
         tie = rng.random(len(self.src_lens)) if self.shuffle else np.arange(len(self.src_lens))
         order = np.lexsort((tie, self.tgt_lens, self.src_lens))  # last key is the primary one
-        starts = _greedy_fill(self._costs()[order], self.max_tokens)
+        starts = _greedy_fill(self._costs()[order], self.max_tokens, self.max_sentences)
         batches = np.split(order, starts[1:]) if len(order) else []
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]

@@ -11,14 +11,15 @@ Two ways to score a corpus:
   Transformer-XL paper compares against (section 4.1, table 9) and `attnkit lm speed` measures.
 
 Both ask the model for per-token NLLs (`model(x, mems, targets=y)`), which an adaptive softmax computes
-without building the (B, T, V) distribution.
+without building the (B, T, V) distribution. `evaluate_segments(..., keep_tokens=True)` also returns them, one
+row per stream in corpus order (what the relative effective context length, attnkit.eval.recl, compares).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +33,8 @@ class LMScores:
     nll: float  # summed negative log-likelihood (nats)
     tokens: int  # predicted tokens
     seconds: float
+    # with keep_tokens: (B, N) float32 NLL of every predicted token, row b = stream b, column j = its (j+1)-th token
+    token_nll: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def loss(self) -> float:
@@ -63,21 +66,25 @@ class LMScores:
 @prepacked()
 def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
                       ext_len: int = 0, batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
-                      dtype: str = "float32") -> LMScores:
+                      dtype: str = "float32", keep_tokens: bool = False) -> LMScores:
     """Score ids (N,) read as B ordered streams in segments of T, carrying the memory (XL) across segments;
-    each segment also reads the ext_len tokens before it (extended context, not scored)."""
+    each segment also reads the ext_len tokens before it (extended context, not scored). With mem_len 0 and
+    ext_len E, every segment re-reads the E tokens before it as plain context and nothing is carried: the
+    attention length of a model without memory is E + T. `keep_tokens`: also every token's NLL (`token_nll`)."""
     device = torch.device(device)
     model.eval()
-    streams, mems, nll, n = LMStreams(ids, batch_size, tgt_len, ext_len), None, 0.0, 0
+    streams, mems, nll, n, kept = LMStreams(ids, batch_size, tgt_len, ext_len), None, 0.0, 0, []
     start = time.perf_counter()
     for x, y in streams:
         with autocast(device, dtype):
             token, mems = model(x.to(device), mems, targets=y.to(device), mem_len=mem_len, clamp_len=clamp_len,
                                 ext_len=ext_len)
         nll, n = nll + token.sum().item(), n + y.numel()  # token: (B, T) NLL
+        if keep_tokens:
+            kept.append(token.float().cpu())
         if max_tokens and n >= max_tokens:
             break
-    return LMScores(nll, n, time.perf_counter() - start)
+    return LMScores(nll, n, time.perf_counter() - start, torch.cat(kept, dim=1) if kept else None)
 
 
 @torch.no_grad()

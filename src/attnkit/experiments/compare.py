@@ -2,6 +2,9 @@
 
 For each preset: parameters, training time, dev/test BLEU and perplexity (`compare.csv`, `compare.md`,
 `compare.png`), every model trained on the same prepared data under the same wall-clock budget.
+
+`attnkit experiment heads` runs the same machinery over one preset with 1, 2, 4, 8 heads at equal d_model
+(d_k = d_v = d_model / h, so the parameters stay: Vaswani et al. 2017, table 3, rows A) and writes `heads.*`.
 """
 
 from __future__ import annotations
@@ -88,6 +91,15 @@ def _train_one(preset: str, overrides: list[str], data_dir: Path, run_dir: Path,
     Trainer(cfg, data_dir, run_dir, force=True, progress=progress).fit()
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a comparison: its name (run folder and table row), preset and the overrides of its own."""
+
+    name: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+
+
 def compare_models(presets: Sequence[str], data_dir: str | Path, out_dir: str | Path, *,
                    overrides: Sequence[str] = (), minutes: float | None = None, options: DecodeOptions | None = None,
                    force: bool = False, reuse: bool = False, progress: bool = True,
@@ -98,18 +110,48 @@ def compare_models(presets: Sequence[str], data_dir: str | Path, out_dir: str | 
     every model. Each run lives in OUT/<preset name>; the best checkpoint (by the preset's metric) is
     evaluated, or the last one when there is no dev set.
     """
+    specs = [ModelSpec(Path(p).stem, p) for p in presets]
+    results = compare_specs(specs, data_dir, out_dir, overrides=overrides, minutes=minutes, options=options,
+                            force=force, reuse=reuse, progress=progress, say=say)
+    write_compare(results, Path(out_dir))
+    return results
+
+
+def compare_heads(preset: str, heads: Sequence[int], data_dir: str | Path, out_dir: str | Path, **kw
+                  ) -> list[ModelResult]:
+    """`preset` with each number of heads at its d_model (OUT/heads-<h>), as `compare_models` trains and scores
+    them (same keywords); writes heads.{csv,md,png} with the head dimension d_model / h beside each row."""
+    d_model = cfgmod.resolve([preset], list(kw.get("overrides", ()))).model.d_model
+    bad = [h for h in heads if h < 1 or d_model % h]
+    if bad or len(set(heads)) != len(heads):
+        raise AttnkitError(f"experiment heads: {', '.join(map(str, heads))} heads: each must divide d_model "
+                           f"{d_model} once")
+    specs = [ModelSpec(f"heads-{h}", preset, (f"model.n_heads={h}",)) for h in heads]
+    results = compare_specs(specs, data_dir, out_dir, **kw)
+    fields = [f for f in asdict(results[0]) if f not in ("checkpoint", "kind")]
+    rows = [[h, d_model // h, *(getattr(r, f) for f in fields)] for h, r in zip(heads, results)]
+    write_table(Path(out_dir), "heads", ["heads", "head dim", *fields], rows)
+    plot_compare(results, Path(out_dir) / "heads.png", f"{preset}: heads at d_model {d_model}, same budget")
+    return results
+
+
+def compare_specs(specs: Sequence[ModelSpec], data_dir: str | Path, out_dir: str | Path, *,
+                  overrides: Sequence[str] = (), minutes: float | None = None, options: DecodeOptions | None = None,
+                  force: bool = False, reuse: bool = False, progress: bool = True,
+                  say: Callable[[str], None] = print) -> list[ModelResult]:
+    """Train and score every spec (see `compare_models`); the spec's own overrides come after the shared ones."""
     from attnkit.checkpoint import load_checkpoint
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    names = [Path(p).stem for p in presets]
+    names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
         raise AttnkitError(f"experiment compare: model names repeat ({', '.join(names)}); each needs its own folder")
     budget = [f"train.max_minutes={minutes}"] if minutes is not None else []
     results = []
-    for preset, name in zip(presets, names):
-        run_dir = out_dir / name
-        _train_one(preset, list(overrides) + budget, data_dir, run_dir, force=force, reuse=reuse, progress=progress,
-                   say=say)
+    for spec in specs:
+        name, run_dir = spec.name, out_dir / spec.name
+        _train_one(spec.preset, [*overrides, *spec.overrides, *budget], data_dir, run_dir, force=force, reuse=reuse,
+                   progress=progress, say=say)
         best, last = run_dir / "checkpoints" / "best.safetensors", run_dir / "checkpoints" / "last.safetensors"
         ckpt = load_checkpoint(last)  # the training position: time and updates spent
         chosen = best if best.exists() else last
@@ -117,7 +159,6 @@ def compare_models(presets: Sequence[str], data_dir: str | Path, out_dir: str | 
         results.append(ModelResult(name=name, kind=ckpt.kind, train_minutes=ckpt.train_state.get("elapsed_s", 0.0) / 60,
                                    steps=ckpt.train_state.get("step", 0), checkpoint=str(chosen), **metrics))
         say(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in metrics.items()))
-    write_compare(results, out_dir)
     return results
 
 
@@ -127,7 +168,8 @@ def write_compare(results: Sequence[ModelResult], out_dir: Path) -> None:
     plot_compare(results, out_dir / "compare.png")
 
 
-def plot_compare(results: Sequence[ModelResult], path: Path) -> None:
+def plot_compare(results: Sequence[ModelResult], path: Path, title: str = "same data, same wall-clock budget"
+                 ) -> None:
     """Grouped bars: dev and test BLEU per model, with the parameter count under each name."""
     fig, axes = subplots(1, 1, max(4.0, 1.6 * len(results) + 1.5), 3.6)
     ax = axes[0, 0]
@@ -139,7 +181,7 @@ def plot_compare(results: Sequence[ModelResult], path: Path) -> None:
     ax.set_xticks(x, [f"{r.name}\n{r.parameters / 1e6:.1f}M params, {r.train_minutes:.1f} min" for r in results],
                   fontsize=8)
     ax.set_ylabel("sacreBLEU")
-    ax.set_title("same data, same wall-clock budget")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     finish(fig, {}, path, dpi=110)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from torch import nn
 
 from attnkit.config import family
-from attnkit.models import rnn, transformer, transformer_xl
+from attnkit.models import rnn, rnn_lm, transformer, transformer_xl
 from attnkit.models.transformer import DecoderState, Encoded, Transformer
 
-_MODULES = {"transformer": transformer, "transformer_xl": transformer_xl, "rnn": rnn}
+_MODULES = {"transformer": transformer, "transformer_xl": transformer_xl, "rnn": rnn, "rnn_lm": rnn_lm}
 
 
 def model_class(kind: str) -> type[nn.Module]:

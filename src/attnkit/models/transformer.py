@@ -4,6 +4,11 @@ B batch, S source length, T target length, D model dim, H heads, V vocabulary, L
 
 Seq2seq models expose `encode`, `decode` and `step`; incremental decoding keeps its keys and values in
 one `DecoderState` whose `reorder(indices)` lets a single beam search serve every model family.
+
+The config's structural switches (all off by default: the paper's model) give Kyubyong Park's TensorFlow
+Transformer (docs/kyubyong.md): `output_projection: false` builds every attention as `ConcatHeadsAttention`
+(no W^O), `sublayer_dropout: false` keeps `dropout` on the embeddings only, `layer_norm_eps` sets every
+LayerNorm's epsilon, and `zero_pad_positions: true` adds no positional encoding at padding positions.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from torch import nn
 
 from attnkit.config import PAD_ID, TransformerConfig
 from attnkit.nn import (
+    ConcatHeadsAttention,
     DecoderLayer,
     Dropout,
     EncoderLayer,
     KVCache,
     Linear,
+    MultiHeadAttention,
     SinusoidalPositions,
     key_padding_to_attn_mask,
     linear,
@@ -90,15 +97,17 @@ class Transformer(nn.Module):
         self.own_tgt_embed = None if c.share_embeddings else self._embedding(c.tgt_vocab_size)
         self.positions = SinusoidalPositions(c.d_model, c.max_positions)
         self.dropout = Dropout(c.dropout)
-        block = dict(dropout=c.dropout, attention_dropout=c.attention_dropout,
-                     activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first)
+        block = dict(dropout=c.dropout if c.sublayer_dropout else 0.0, attention_dropout=c.attention_dropout,
+                     activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first,
+                     norm_eps=c.layer_norm_eps,
+                     attention=MultiHeadAttention if c.output_projection else ConcatHeadsAttention)
         self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
                                      for _ in range(c.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
                                      for _ in range(c.n_decoder_layers))
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
-        self.encoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.out_proj = None if c.tie_output else Linear(c.d_model, c.tgt_vocab_size, bias=False)
 
     @classmethod
@@ -117,6 +126,9 @@ class Transformer(nn.Module):
 
     def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = table(ids) * self.embed_scale  # (B, T) -> (B, T, D)
+        if self.config.zero_pad_positions:  # padding positions get no position (Kyubyong Park's masking)
+            pe = self.positions.encodings(ids.size(1), offset).to(x.dtype)  # (T, D)
+            return self.dropout(x + pe * ids.ne(PAD_ID)[..., None])  # (B, T, D) + (T, D) * (B, T, 1)
         return self.dropout(self.positions(x, offset))
 
     def project(self, h: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,13 @@ code works unchanged. Without cutoffs both are the plain embedding table and ful
   memory + the segment) and relative positions (section 3.3, `RelativeMultiHeadAttention`).
 - VanillaLM: absolute sinusoidal positions and causal self-attention over one segment; trained on
   independent segments, it returns no memory.
+- RecurrentVanillaLM: the vanilla LM with Transformer-XL's segment recurrence but absolute positions, the
+  "Vaswani et al. + recurrence" row of the paper's ablation (section 3.3 explains why it fails): every segment
+  gets positions 0 .. T-1 again, so the memory's states, computed with their own segment's positions, carry
+  the same position codes as the current segment's (the paper's h = f(h_prev, E + U_{1:L})).
+
+`attends_to_memory` says whether a model's memory is positions it attends to (the XL kinds: attention length =
+memory + segment), as opposed to no memory (vanilla) or a recurrent state (attnkit.models.rnn_lm).
 """
 
 from __future__ import annotations
@@ -106,8 +113,9 @@ class LanguageModel(nn.Module):
     """What both LMs share: scaled (adaptive) token embedding, dropout, final norm and the (tied, adaptive) output."""
 
     kind = ""
+    attends_to_memory = False  # its memory is M positions it attends to (attention length M + T)
 
-    def __init__(self, config: TransformerXLConfig):
+    def __init__(self, config):
         super().__init__()
         c = self.config = config
         if c.cutoffs and c.cutoffs[-1] >= c.vocab_size:
@@ -115,17 +123,21 @@ class LanguageModel(nn.Module):
         self.embed_scale = math.sqrt(c.d_model)  # as in both reference implementations
         self.embed = AdaptiveEmbedding(c.vocab_size, c.d_model, c.cutoffs, c.div_val)  # unit variance after scaling
         self.dropout = Dropout(c.dropout)
-        self.final_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()  # post-LN is normalised
+        self.final_norm = self.make_final_norm()
         # the output's own word vectors (`out_proj`, the untied output matrix's name), or tied: the input embedding's
         self.out_proj = None if c.tie_output else AdaptiveEmbedding(c.vocab_size, c.d_model, c.cutoffs, c.div_val)
         self.softmax = AdaptiveLogSoftmax(c.vocab_size, c.d_model, c.cutoffs)
         self.register_load_state_dict_pre_hook(_rename_legacy_keys)
 
     @classmethod
-    def from_config(cls, config: TransformerXLConfig) -> LanguageModel:
+    def from_config(cls, config) -> LanguageModel:
         if config.kind != cls.kind:
             raise ValueError(f"{cls.__name__} is built from kind {cls.kind!r}, not {config.kind!r}")
         return cls(config)
+
+    def make_final_norm(self) -> nn.Module:
+        """Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised."""
+        return nn.LayerNorm(self.config.d_model) if self.config.norm_first else nn.Identity()
 
     def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return self.embed(x) * self.embed_scale  # (B, T) -> (B, T, D)
@@ -149,6 +161,7 @@ class LanguageModel(nn.Module):
 
 class TransformerXL(LanguageModel):
     kind = "transformer-xl"
+    attends_to_memory = True
     _position_keys: tuple | None = None  # ((cache key, S, clamp_len), L x (H, S, Dh)): see position_keys
 
     def __init__(self, config: TransformerXLConfig):
@@ -218,20 +231,20 @@ class TransformerXL(LanguageModel):
             kvs.append(kv)
         out = self.output(h, targets)
         kept = memory_span(m, t, mem_len, ext_len)
-        new_mems = self.update_mems(mems, inputs, kept)
+        new_mems = update_mems(mems, inputs, kept)
         if key is not None and new_mems:  # the keys/values of exactly the positions kept
             new_mems = Memory(new_mems, [KVCache(kv.k[:, :, kept], kv.v[:, :, kept]) for kv in kvs], key)
         return (out, new_mems, weights) if need_weights else (out, new_mems)
 
-    @staticmethod
-    def update_mems(mems: Mems | None, inputs: Mems, kept: slice) -> Memory:
-        """Positions `kept` of concat(memory, segment) per layer, cut from the graph (section 3.2: SG)."""
-        if kept.stop <= kept.start:
-            return Memory([])
-        with torch.no_grad():
-            if mems is None:
-                return Memory([h[:, kept].detach() for h in inputs])
-            return Memory([torch.cat([old, h], dim=1)[:, kept].detach() for old, h in zip(mems, inputs)])
+
+def update_mems(mems: Mems | None, inputs: Mems, kept: slice) -> Memory:
+    """Positions `kept` of concat(memory, segment) per layer, cut from the graph (section 3.2: SG)."""
+    if kept.stop <= kept.start:
+        return Memory([])
+    with torch.no_grad():
+        if mems is None:
+            return Memory([h[:, kept].detach() for h in inputs])
+        return Memory([torch.cat([old, h], dim=1)[:, kept].detach() for old, h in zip(mems, inputs)])
 
 
 def memory_span(m: int, t: int, mem_len: int, ext_len: int = 0) -> slice:
@@ -247,14 +260,15 @@ class VanillaLM(LanguageModel):
     """The absolute-position causal Transformer LM; it has no memory (`new_mems` is always empty)."""
 
     kind = "vanilla-lm"
+    layer_class = EncoderLayer  # the block each layer is (the recurrent variant's reads a memory)
 
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         c = config
         self.positions = SinusoidalPositions(c.d_model, c.max_positions)
         self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
-                         activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first)
+            self.layer_class(c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
+                             activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first)
             for _ in range(c.n_layers))
 
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
@@ -269,3 +283,51 @@ class VanillaLM(LanguageModel):
             weights.append(w)
         out = self.output(h, targets)
         return (out, [], weights) if need_weights else (out, [])
+
+
+class RecurrentLayer(EncoderLayer):
+    """An EncoderLayer whose self-attention reads [memory | segment]: T queries over M + T keys and values, with
+    the same projections (the memory is a stop-gradient copy of this layer's inputs over earlier positions)."""
+
+    def forward(self, x: torch.Tensor, mem: torch.Tensor | None = None, *, mask: torch.Tensor | None,  # type: ignore[override]
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, D), mem (B, M, D) or None, mask (T, M + T) -> (B, T, D), weights (B, H, T, M + T) or None."""
+        weights = None
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal weights
+            if mem is None:
+                out, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+                return out
+            m = self.attn_block.norm(mem) if self.attn_block.norm_first else mem  # pre-LN: the same LayerNorm
+            context = torch.cat([m, h], dim=1)  # (B, M + T, D)
+            out, weights = self.self_attn(h, context, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self.attn_block(x, attend)
+        return self.ffn_block(x, self.ffn), weights
+
+
+class RecurrentVanillaLM(VanillaLM):
+    """The vanilla LM with segment-level recurrence: absolute positions, counted within each segment."""
+
+    kind = "recurrent-vanilla-lm"
+    attends_to_memory = True
+    layer_class = RecurrentLayer
+
+    def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
+                mem_len: int = 0, clamp_len: int = 0, ext_len: int = 0, need_weights: bool = False):
+        """x (B, T), mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T' <= T), the NLL (B, T'); new mems
+        L x (B, <= mem_len, D) (as TransformerXL's) [, weights L x (B, H, T, M + T)]. clamp_len is ignored."""
+        mems = mems or None
+        t, m = x.size(1), 0 if mems is None else mems[0].size(1)
+        h = self.dropout(self.positions(self.embed_tokens(x)))  # positions 0 .. T-1, whatever the memory holds
+        mask = causal_mask(t, m + t, device=x.device)  # (T, M + T)
+        inputs, weights = [], []
+        for i, layer in enumerate(self.layers):
+            inputs.append(h)
+            h, w = layer(h, None if mems is None else mems[i], mask=mask, need_weights=need_weights)
+            weights.append(w)
+        out = self.output(h, targets)
+        new_mems = update_mems(mems, inputs, memory_span(m, t, mem_len, ext_len))
+        return (out, new_mems, weights) if need_weights else (out, new_mems)

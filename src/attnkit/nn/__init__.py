@@ -1,7 +1,7 @@
 """Layers shared by every attention model: attention, positions, masks, feed-forward, blocks, adaptive input/softmax."""
 
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from attnkit.nn.attention import KVCache, MultiHeadAttention, scaled_dot_product
+from attnkit.nn.attention import ConcatHeadsAttention, KVCache, MultiHeadAttention, scaled_dot_product
 from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
 from attnkit.nn.linear import Linear, PackedWeights, int8_unavailable, linear, prepacked
@@ -11,6 +11,7 @@ from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
 __all__ = [
     "AdaptiveEmbedding",
     "AdaptiveLogSoftmax",
+    "ConcatHeadsAttention",
     "DecoderLayer",
     "Dropout",
     "EncoderLayer",

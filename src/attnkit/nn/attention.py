@@ -248,5 +248,28 @@ class MultiHeadAttention(nn.Module):
             kv = memory if isinstance(memory, KVCache) else self.project_kv(memory)
             k, v = kv.k, kv.v
         out, weights = self.attend(q, k, v, mask=mask, causal=causal, need_weights=need_weights)
-        return linear(out, self.out_proj.weight, self.out_proj.bias), weights
+        return self.output(out), weights
+
+    def output_weights(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(weight, bias) of W^O, the product after the heads are concatenated; None when there is none."""
+        return self.out_proj.weight, self.out_proj.bias
+
+    def output(self, heads: torch.Tensor) -> torch.Tensor:
+        """The concatenated heads (B, T, D) -> the attention's output (B, T, D): W^O (section 3.2.2)."""
+        return linear(heads, self.out_proj.weight, self.out_proj.bias)
+
+
+class ConcatHeadsAttention(MultiHeadAttention):
+    """Multi-head attention without W^O: the concatenated heads are the output (Kyubyong Park's TensorFlow
+    Transformer, `model.output_projection: false`). D = H * Dh, so the shapes stay those of the paper's."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, dropout, bias)
+        self.out_proj = None  # no parameters, so none in the state dict
+
+    def output_weights(self) -> None:
+        return None
+
+    def output(self, heads: torch.Tensor) -> torch.Tensor:
+        return heads
 

@@ -58,9 +58,9 @@ def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: 
 class Residual(nn.Module):
     """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN): see `residual`."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
@@ -74,13 +74,17 @@ class Residual(nn.Module):
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention, then the FFN, each in a residual block. `dropout` is the residual blocks' (on the sublayer's
+    output), `attention` the attention's class (MultiHeadAttention, or a variant), `norm_eps` the LayerNorms'."""
+
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
-                 activation_dropout: float, activation: str, norm_first: bool):
+                 activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
+                 attention: type[MultiHeadAttention] = MultiHeadAttention):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.self_attn = attention(d_model, n_heads, attention_dropout)
         self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout)
-        self.attn_block = Residual(d_model, dropout, norm_first)
-        self.ffn_block = Residual(d_model, dropout, norm_first)
+        self.attn_block = Residual(d_model, dropout, norm_first, norm_eps)
+        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps)
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None,
                 need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -110,22 +114,26 @@ class StepWeights(NamedTuple):
     self_attn: MultiHeadAttention
     cross_attn: MultiHeadAttention
     ffn: FeedForward
-    self_out: tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias) of the attentions' output products
-    cross_out: tuple[torch.Tensor, torch.Tensor | None]
+    # (weight, bias) of the attentions' output products W^O, None for an attention without one
+    self_out: tuple[torch.Tensor, torch.Tensor | None] | None
+    cross_out: tuple[torch.Tensor, torch.Tensor | None] | None
     norms: tuple[tuple, tuple, tuple]  # (normalized_shape, weight, bias, eps) of the three residual blocks
     norm_first: bool
 
 
 class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention, FFN, each in a residual block; the keywords as EncoderLayer's."""
+
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
-                 activation_dropout: float, activation: str, norm_first: bool):
+                 activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
+                 attention: type[MultiHeadAttention] = MultiHeadAttention):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout)
+        self.self_attn = attention(d_model, n_heads, attention_dropout)
+        self.cross_attn = attention(d_model, n_heads, attention_dropout)
         self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout)
-        self.self_block = Residual(d_model, dropout, norm_first)
-        self.cross_block = Residual(d_model, dropout, norm_first)
-        self.ffn_block = Residual(d_model, dropout, norm_first)
+        self.self_block = Residual(d_model, dropout, norm_first, norm_eps)
+        self.cross_block = Residual(d_model, dropout, norm_first, norm_eps)
+        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps)
 
     def forward(
         self, y: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None, need_weights: bool = False
@@ -150,8 +158,7 @@ class DecoderLayer(nn.Module):
         """The tensors and settings `step` reads (see StepWeights)."""
         sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
         norms = tuple(b.norm_args() for b in (self.self_block, self.cross_block, self.ffn_block))
-        return StepWeights(sa, ca, ffn, (sa.out_proj.weight, sa.out_proj.bias),
-                           (ca.out_proj.weight, ca.out_proj.bias), norms, self.self_block.norm_first)
+        return StepWeights(sa, ca, ffn, sa.output_weights(), ca.output_weights(), norms, self.self_block.norm_first)
 
     @staticmethod
     def step(
@@ -182,14 +189,15 @@ class DecoderLayer(nn.Module):
             cache = cache.append(k, v, spare=32)  # the next steps write in place
             out, self_weights = w.self_attn.attend(q, cache.k, cache.v, mask=None, causal=False,
                                                    need_weights=need_weights)
-            return linear(out, *w.self_out)
+            return out if w.self_out is None else linear(out, *w.self_out)
 
         def cross_attend(h: torch.Tensor) -> torch.Tensor:  # a sentence's beams: one block (B / beams, H, beams, Dh)
             nonlocal cross
             q = w.cross_attn.project_q(h.reshape(b // beams, beams * t, d))
             out, cross = w.cross_attn.attend(q, memory.k, memory.v, mask=memory_mask, causal=False,
                                              need_weights=need_weights)
-            return linear(out.reshape(b, t, d), *w.cross_out)
+            out = out.reshape(b, t, d)
+            return out if w.cross_out is None else linear(out, *w.cross_out)
 
         y = residual(y, self_attend, n_self, pre)
         y = residual(y, cross_attend, n_cross, pre)

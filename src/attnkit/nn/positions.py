@@ -27,8 +27,12 @@ class SinusoidalPositions(nn.Module):
         self.d_model = d_model
         self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        end = offset + x.size(1)
+    def encodings(self, length: int, offset: int = 0) -> torch.Tensor:
+        """PE[offset : offset + length], (T, D)."""
+        end = offset + length
         if end > self.table.size(0):
             self.table = sinusoid_table(max(end, 2 * self.table.size(0)), self.d_model).to(self.table.device)
-        return x + self.table[offset:end].to(x.dtype)  # (B, T, D) + (T, D)
+        return self.table[offset:end]
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x + self.encodings(x.size(1), offset).to(x.dtype)  # (B, T, D) + (T, D)

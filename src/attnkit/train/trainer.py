@@ -69,7 +69,7 @@ class Trainer(TrainerBase):
         has_valid = (self.data_dir / "valid.safetensors").exists()
         self.valid_split = load_split(self.data_dir, "valid") if has_valid else None
         self.sampler = TokenBatchSampler(self.train_split.src_lens, self.train_split.tgt_lens, t.max_tokens,
-                                         shuffle=True, seed=t.seed)
+                                         shuffle=True, seed=t.seed, max_sentences=t.max_sentences)
         self.start(resume)
 
     def _fit_config_to_data(self, cfg: cfgmod.RunConfig) -> cfgmod.RunConfig:

@@ -24,6 +24,7 @@ from attnkit.data.tokenizer import BOS_ID, EOS_ID
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.decode.lm import generate
 from attnkit.errors import AttnkitError
+from attnkit.models import model_class
 from attnkit.viz.figure import Plot, finish, subplots
 
 # Kinds a model returns (translation models: enc, dec, cross; RNNs: cross; LMs: self), as `--kind` names them.
@@ -214,9 +215,10 @@ def lm_encode(vocab, text: str) -> np.ndarray:
 def memory_split(kind: str, n_tokens: int, mem_len: int | None) -> int:
     """How many leading tokens of an n-token text become the memory M (the segment is the rest).
 
-    Transformer-XL: the first half by default, or `mem_len` tokens; the vanilla LM has no memory (M = 0).
+    Transformer-XL (and the recurrent vanilla LM): the first half by default, or `mem_len` tokens; the vanilla and
+    LSTM LMs have no memory of positions (M = 0).
     """
-    if kind != "transformer-xl":
+    if not model_class(kind).attends_to_memory:
         if mem_len:
             raise AttnkitError(f"--mem-len {mem_len}: a {kind} model has no memory (it reads the text as one segment)")
         return 0
@@ -285,8 +287,8 @@ def load_views(checkpoint: str | Path, sources: list[str], targets: list[str] | 
     kind = checkpoint_kind(checkpoint)
     fam = family(kind, f"{checkpoint}: model kind")
     if not fam.attention:
-        raise AttnkitError(f"a '{kind}' model has no attention to draw (it reads the source through one fixed "
-                           "vector)")
+        how = "its context is a recurrent state" if fam.task == "lm" else "it reads the source through one fixed vector"
+        raise AttnkitError(f"a '{kind}' model has no attention to draw ({how})")
     if fam.task == "lm":
         return lm_loader(checkpoint, sources, targets, device, mem_len)
     if mem_len is not None:

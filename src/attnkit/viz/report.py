@@ -115,14 +115,18 @@ def _lm_samples(ckpt: Path, data_dir: Path | None, n: int) -> str:
     if ids is None:
         return "<p>no text to sample.</p>"
     model, vocab, cfg = load_lm_checkpoint(ckpt, "cpu")
-    length = min(len(ids), LM_SNIPPET, 2 * cfg.train.tgt_len, cfg.model.max_positions)
+    limit = getattr(cfg.model, "max_positions", LM_SNIPPET)  # an LSTM has no position table
+    length = min(len(ids), LM_SNIPPET, 2 * cfg.train.tgt_len, limit)
     starts = sorted({int(s) for s in np.linspace(0, len(ids) - length, n)})
     views = lm_views(model, vocab, cfg, [ids[s : s + length].numpy() for s in starts])
     memory = (f"the first {views[0].boundary['self']} read as memory (left of the red line), the rest as the "
               "segment" if views[0].boundary else "read as one segment")
-    parts = [f"<p>from {html.escape(ckpt.name)}: validation snippets of {length} tokens, {memory}; self-attention "
-             f"of the last layer, heads averaged; output: the greedy continuation ({LM_CONTINUATION} tokens).</p>"]
-    parts += [_sample(i, view.source, view.output, None, _attention_img(view)) for i, view in enumerate(views)]
+    drawn = any(views[0].maps.values())  # an LSTM LM returns no attention
+    attention = "self-attention of the last layer, heads averaged" if drawn else "no attention to draw"
+    parts = [f"<p>from {html.escape(ckpt.name)}: validation snippets of {length} tokens, {memory}; {attention}; "
+             f"output: the greedy continuation ({LM_CONTINUATION} tokens).</p>"]
+    parts += [_sample(i, view.source, view.output, None, _attention_img(view) if drawn else "")
+              for i, view in enumerate(views)]
     return "\n".join(parts)
 
 
