@@ -40,3 +40,18 @@ def test_int8_falls_back_to_float32_with_the_reason(checkpoint, monkeypatch):
 def test_an_unknown_quantization_is_a_config_error(checkpoint):
     with pytest.raises(ConfigError, match="quantize must be one of none, int8; got 'int4'"):
         Translator.from_checkpoint(checkpoint, device="cpu", quantize="int4")
+
+
+def test_translate_quantize_int8_on_the_command_line(checkpoint, tmp_path, capsys):
+    from attnkit.cli.main import main
+
+    (tmp_path / "in.txt").write_text("\n".join(SOURCES) + "\n")
+    argv = ["translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.txt"), "--device", "cpu",
+            "--format", "tsv", "--beam", "2"]
+    assert main([*argv, "--quantize", "int8"]) == 0
+    quantised = capsys.readouterr().out.splitlines()
+    assert main(argv) == 0
+    exact = capsys.readouterr().out.splitlines()
+    assert quantised[0] == exact[0] and len(quantised) == len(exact) == 1 + len(SOURCES)  # header, one row each
+    assert main([*argv, "--quantize", "int4"]) == 2  # a usage error, before any model loads
+    assert "invalid choice: 'int4'" in capsys.readouterr().err

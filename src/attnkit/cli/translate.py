@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from attnkit.cli.options import add_checkpoint_option, add_decode_options, add_device_option, decode_options
+from attnkit.cli.options import (
+    add_checkpoint_option,
+    add_decode_options,
+    add_device_option,
+    add_quantize_option,
+    decode_options,
+)
 from attnkit.errors import AttnkitError, DataError
 from attnkit.io import atomic_write_text, ensure_new_output
 
@@ -15,6 +22,11 @@ def add_parsers(sub) -> dict[str, Callable]:
                         description=TRANSLATE_DESCRIPTION)
     tr.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(tr)
+    tr.add_argument("--engine", choices=["attnkit", "ctranslate2"], default="attnkit",
+                    help="attnkit: PyTorch, with the checkpoint; ctranslate2: CTranslate2 (pip install ctranslate2), "
+                         "with --checkpoint naming a folder written by `attnkit export` (same output formats and "
+                         "scores; no --sampling, --prefix-file, or alignments of a layer other than the last; "
+                         "--quantize int8 = its int8 compute type)")
     tr.add_argument("--input", default="-", help="file (plain or .gz), or - for stdin (one sentence per line)")
     tr.add_argument("--output", default="-", help="file, or - for stdout")
     tr.add_argument("--force", action="store_true", help="overwrite an existing output file")
@@ -33,6 +45,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     tr.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     tr.add_argument("--max-tokens", type=int, default=0, help="source tokens per batch (0 = no limit)")
     add_device_option(tr)
+    add_quantize_option(tr)
 
     sc = sub.add_parser("score", help="forced decoding: log P(target | source) for each line pair")
     sc.set_defaults(keeps_freed_memory=True)
@@ -47,6 +60,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     sv.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     add_device_option(sv)
+    add_quantize_option(sv)
     sv.add_argument("--max-batch-sentences", type=int, default=64, help="sentences translated together")
     sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
     sv.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; more get 503 + Retry-After")
@@ -71,7 +85,8 @@ Translate sentences, one per line, with a checkpoint written by `attnkit train` 
 
   echo "dreihundertfünfundvierzig" | attnkit translate --checkpoint runs/demo/checkpoints/best.safetensors
   attnkit translate --checkpoint CKPT --input test.de --output test.hyp --beam 5
-  attnkit translate --checkpoint CKPT --input test.de --beam 5 --nbest 3 --format tsv"""
+  attnkit translate --checkpoint CKPT --input test.de --beam 5 --nbest 3 --format tsv
+  attnkit translate --engine ctranslate2 --checkpoint CT2_FOLDER --input test.de --beam 5"""
 
 
 def read_input(name: str) -> list[str]:
@@ -88,10 +103,9 @@ def read_input(name: str) -> list[str]:
 
 def cmd_translate(args, overrides: list[str]) -> None:
     """Every input is checked (and read) before the model loads, so a mistake costs no waiting."""
-    from attnkit.checkpoint import check_checkpoint
     from attnkit.data.text import iter_lines, read_lines
 
-    check_checkpoint(args.checkpoint)
+    check_model(args)
     if args.output != "-":
         ensure_new_output(args.output, args.force, "output file")
     if args.alignment_layer < 0:
@@ -106,11 +120,8 @@ def cmd_translate(args, overrides: list[str]) -> None:
         if prefixes is not None and len(prefixes) != len(lines):
             raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
     opts = decode_options(args)
-
-    from attnkit.decode import Translator  # here: the CLI imports torch only when a verb runs
-
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
-    layers = getattr(translator.model.config, "n_decoder_layers", 1)
+    translator = load_translator(args)
+    layers = translator.attention_layers
     if args.alignment_layer > layers:
         raise AttnkitError(f"--alignment-layer {args.alignment_layer}: the model has {layers} decoder layers")
 
@@ -131,6 +142,34 @@ def cmd_translate(args, overrides: list[str]) -> None:
         sys.stdout.write(text)
     else:
         atomic_write_text(args.output, text)
+
+
+def check_model(args) -> None:
+    """What can be checked of --checkpoint before anything slow: a checkpoint's header, or an export's files."""
+    if args.engine == "ctranslate2":
+        from attnkit.export import check_export, require_ctranslate2
+
+        check_export(args.checkpoint)
+        require_ctranslate2()
+        return
+    from attnkit.checkpoint import check_checkpoint
+
+    if (Path(args.checkpoint) / "attnkit.json").is_file():
+        raise AttnkitError(f"{args.checkpoint} is a CTranslate2 export: translate with it using --engine ctranslate2")
+    check_checkpoint(args.checkpoint)
+
+
+def load_translator(args):
+    """The translator of --engine: attnkit's (PyTorch) for a checkpoint, CTranslate2's for an export folder; both
+    answer `translate(sentences, options, ...)` with the same Translations."""
+    if args.engine == "ctranslate2":
+        from attnkit.export import CT2Translator
+
+        return CT2Translator.from_dir(args.checkpoint, device=args.device,
+                                      compute_type="int8" if args.quantize == "int8" else "default")
+    from attnkit.decode import Translator  # here: the CLI imports torch only when a verb runs
+
+    return Translator.from_checkpoint(args.checkpoint, device=args.device, quantize=args.quantize)
 
 
 def tsv_header(args) -> str:
@@ -173,7 +212,7 @@ def cmd_serve(args, overrides: list[str]) -> None:
     from attnkit.checkpoint import check_checkpoint
 
     check_checkpoint(args.checkpoint)
-    serve(args.checkpoint, host=args.host, port=args.port, device=args.device,
+    serve(args.checkpoint, host=args.host, port=args.port, device=args.device, quantize=args.quantize,
           max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms, max_queue=args.max_queue,
           request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,
           max_request_sentences=args.max_request_sentences, max_chars=args.max_chars, max_beam=args.max_beam,
