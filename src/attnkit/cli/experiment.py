@@ -30,12 +30,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     c.add_argument("--out", required=True, help="folder for the runs (OUT/<model>), compare.{csv,md,png}")
     c.add_argument("--models", nargs="+", default=["rnn-seq2seq", "rnn-bahdanau"], metavar="PRESET|FILE",
                    help="presets or YAML files to train (default: rnn-seq2seq rnn-bahdanau)")
-    c.add_argument("--minutes", type=float, help="the same wall-clock training budget for every model "
-                                                 "(default: each preset's train.max_minutes)")
-    c.add_argument("--force", action="store_true", help="retrain models whose folder already holds a run")
-    c.add_argument("--reuse", action="store_true", help="evaluate models already trained in OUT instead of training")
-    c.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_decode_options(c)
+    _add_budget_options(c, "each preset's")
 
     b = ex.add_parser("by-length", help="BLEU per source-length bucket for each checkpoint; table + line chart")
     b.set_defaults(run=cmd_by_length)
@@ -59,6 +54,16 @@ def add_parsers(sub) -> dict[str, Callable]:
     return {"experiment": cmd_experiment}
 
 
+def _add_budget_options(p, whose: str) -> None:
+    """What every experiment that trains several models takes: one budget, retraining, reuse, decoding."""
+    p.add_argument("--minutes", type=float, help="the same wall-clock training budget for every model "
+                                                 f"(default: {whose} train.max_minutes)")
+    p.add_argument("--force", action="store_true", help="retrain models whose folder already holds a run")
+    p.add_argument("--reuse", action="store_true", help="evaluate models already trained in OUT instead of training")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_decode_options(p)
+
+
 def _add_heads(ex) -> None:
     h = ex.add_parser("heads", help="one preset with 1, 2, 4, 8 heads at equal d_model and budget; dev/test BLEU")
     h.set_defaults(bounds_kernel_caches=True, run=cmd_heads)
@@ -67,12 +72,7 @@ def _add_heads(ex) -> None:
     h.add_argument("--out", required=True, help="folder for the runs (OUT/heads-<h>), heads.{csv,md,png}")
     h.add_argument("--preset", default="transformer-small", metavar="PRESET|FILE", help="the model every row trains")
     h.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4, 8], help="numbers of heads; each divides d_model")
-    h.add_argument("--minutes", type=float, help="the same wall-clock training budget for every model "
-                                                 "(default: the preset's train.max_minutes)")
-    h.add_argument("--force", action="store_true", help="retrain models whose folder already holds a run")
-    h.add_argument("--reuse", action="store_true", help="evaluate models already trained in OUT instead of training")
-    h.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_decode_options(h)
+    _add_budget_options(h, "the preset's")
 
 
 def _add_lm_ablation(ex) -> None:
