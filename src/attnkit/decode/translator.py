@@ -124,7 +124,7 @@ class Translator:
 
     def output_limit(self, opts: DecodeOptions) -> tuple[float, int, int]:
         """(a, b, cap): outputs stop at min(a * |src| + b, cap) tokens; the cap keeps them inside the positions."""
-        cap = self.model.config.max_positions - 1
+        cap = self.max_src_len  # = the model's positions - 1 (the room the source EOS takes in the source)
         return (self.max_len_a if opts.max_len_a is None else opts.max_len_a,
                 self.max_len_b if opts.max_len_b is None else opts.max_len_b,
                 min(opts.max_len, cap) if opts.max_len else cap)
@@ -191,7 +191,7 @@ class Translator:
             for j, i in enumerate(idx):
                 n_src = int(batch.src[j].ne(0).sum())
                 src_pieces = self.src_tok.pieces(batch.src[j, :n_src].tolist())
-                hyps = [self._translation(sentences[i], src_pieces, h, n_src) for h in _pad(nbests[j], opts.nbest)]
+                hyps = [self._translation(sentences[i], src_pieces, h, n_src) for h in pad_nbest(nbests[j], opts.nbest)]
                 hyps[0].nbest = hyps[1:]
                 results[i] = hyps[0]
         return results  # type: ignore[return-value]
@@ -272,7 +272,7 @@ def usable_quantization(quantize: str | None, device: torch.device) -> str | Non
     return quantize
 
 
-def _pad(hyps: list[Hypothesis], n: int) -> list[Hypothesis]:
+def pad_nbest(hyps: list, n: int) -> list[Hypothesis]:
     """Exactly n hypotheses: where constraints leave fewer paths (a forced prefix, a tiny length limit), the last
     one found is repeated, so that `--nbest n` always prints n lines per input."""
     return hyps[:n] + hyps[-1:] * (n - len(hyps))

@@ -41,7 +41,7 @@ from attnkit.config import BOS_ID, EOS_ID, PAD_ID
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode.search import Hypothesis, length_penalty, max_lengths
-from attnkit.decode.translator import DecodeOptions, Translation, Translator
+from attnkit.decode.translator import DecodeOptions, Translation, Translator, pad_nbest
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
 
 FORMAT = "attnkit-ctranslate2"
@@ -100,13 +100,15 @@ class CT2Translator:
     results are the `Translation`s `attnkit.decode.Translator` gives (same tokenisation, scores and ranking)."""
 
     encode_sources = Translator.encode_sources  # the same truncation (with its warning) to the model's positions
+    output_limit = Translator.output_limit  # the same a * |src| + b and cap
     translate_texts = Translator.translate_texts
+    _one_translation = Translator._translation
 
     def __init__(self, translator, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *, max_positions: int,
                  decoder_layers: int, max_len_a: float = 1.2, max_len_b: int = 10):
         self.translator = translator  # a ctranslate2.Translator
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
-        self.max_positions, self.decoder_layers = max_positions, decoder_layers
+        self.decoder_layers = decoder_layers
         self.max_src_len = max_positions - 1  # room for the source EOS
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces(list(range(tgt_tok.vocab_size))))}
@@ -137,9 +139,7 @@ class CT2Translator:
 
     def output_limits(self, src_ids: list[np.ndarray], opts: DecodeOptions) -> list[int]:
         """Each sentence's output limit, as attnkit's searches compute it: min(a * |src| + b, cap) tokens."""
-        a = self.max_len_a if opts.max_len_a is None else opts.max_len_a
-        b = self.max_len_b if opts.max_len_b is None else opts.max_len_b
-        cap = min(opts.max_len, self.max_positions - 1) if opts.max_len else self.max_positions - 1
+        a, b, cap = self.output_limit(opts)
         src = collate([(ids, np.zeros(0, dtype=np.int64)) for ids in src_ids], range(len(src_ids))).src
         return max_lengths(src, a, b, cap).tolist()
 
@@ -256,14 +256,11 @@ class CT2Translator:
         for h in hyps:
             h.norm_score = h.score if opts.beam == 1 else \
                 h.score / length_penalty(len(h.tokens) + 1, opts.len_penalty, opts.len_style)
-        best = sorted(hyps, key=lambda h: -h.norm_score)[: opts.nbest]
-        return best + best[-1:] * (opts.nbest - len(best))
+        return pad_nbest(sorted(hyps, key=lambda h: -h.norm_score), opts.nbest)
 
     def _translation(self, source: str, ids: np.ndarray, hyps: list[_Found]) -> Translation:
         src_pieces = self._source(ids)
-        out = [Translation(source=source, text=self.tgt_tok.decode([h.tokens])[0], score=h.score,
-                           src_pieces=src_pieces, tgt_pieces=self.tgt_tok.pieces(h.tokens), attention=h.attention,
-                           norm_score=h.norm_score) for h in hyps]
+        out = [self._one_translation(source, src_pieces, h, len(src_pieces)) for h in hyps]
         out[0].nbest = out[1:]
         return out[0]
 

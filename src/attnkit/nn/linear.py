@@ -146,7 +146,10 @@ def prepacked(cache: PackedWeights | None = None) -> Iterator[PackedWeights]:
 
 def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear(x, weight)` takes the prepacked path (float32 only for int8 copies)."""
-    cache = _SCOPE.get()
+    return _packable(x, weight, _SCOPE.get())
+
+
+def _packable(x: torch.Tensor, weight: torch.Tensor, cache: PackedWeights | None) -> bool:
     return (
         cache is not None
         and not torch.is_grad_enabled()
@@ -177,10 +180,10 @@ def linear(
     """
     if rows is not None and bias is not None:
         bias = bias[rows[0] : rows[1]]
-    if not packable(x, weight):
+    cache = _SCOPE.get()
+    if not _packable(x, weight, cache):
         y = F.linear(x, weight if rows is None else weight[rows[0] : rows[1]], bias)
         return y if activation is None else _ACTIVATIONS[activation](y)
-    cache = _SCOPE.get()
     if cache.int8:
         y = _linear_int8.get(activation, _linear_int8[None])(x, cache.get(weight, rows, bias), False)  # (..., N)
         return y if activation in _linear_int8 else _ACTIVATIONS[activation](y)
