@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from attnkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from attnkit.config import TrainConfig
+from attnkit.errors import ConfigError
 from attnkit.models import Transformer
 from attnkit.train.losses import label_smoothed_nll, smoothed_targets
 from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
@@ -201,3 +203,29 @@ def test_the_dev_figures_of_training_are_those_of_the_saved_weights(tmp_path, da
     fresh = Trainer(cfg, data_dir, tmp_path / "fresh", progress=False)
     fresh.model.load_state_dict(load_checkpoint(last).model_state)
     assert fresh.evaluate()["nll"] == pytest.approx(logged["nll"], rel=1e-6)
+
+
+def test_cosine_over_a_time_budget_goes_by_whichever_is_further():
+    """horizon=time: the cosine is at its end when the budget is spent, even if few updates were made; by steps
+    it is unchanged when the clock lags; with max_steps 0 only the clock counts."""
+    fn = make_schedule("cosine", lr=1e-3, warmup=10, d_model=64, total=1000, by_time=True)
+    assert fn(500, spent=0.0) == pytest.approx(cosine(500, 1e-3, 10, 1000))
+    assert fn(20, spent=1.0) == pytest.approx(0.0, abs=1e-12)
+    assert fn(20, spent=0.5) == pytest.approx(0.5e-3)
+    assert fn(5, spent=0.9) == pytest.approx(0.5e-3)  # warm-up goes by updates
+    clock_only = make_schedule("cosine", lr=1e-3, warmup=10, d_model=64, total=0, by_time=True)
+    assert clock_only(10_000, spent=0.25) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
+    with pytest.raises(ConfigError, match="no horizon"):
+        make_schedule("noam", lr=None, warmup=10, d_model=64, by_time=True)
+
+
+def test_time_horizon_needs_cosine_and_a_budget():
+    from attnkit.config import LMTrainConfig
+
+    assert LMTrainConfig(schedule="cosine", max_steps=0, max_minutes=5, horizon="time").horizon == "time"
+    with pytest.raises(ConfigError, match="max_minutes > 0"):
+        LMTrainConfig(schedule="cosine", max_steps=10, max_minutes=0, horizon="time")
+    with pytest.raises(ConfigError, match="schedule cosine"):
+        TrainConfig(schedule="noam", max_minutes=5, horizon="time")
+    with pytest.raises(ConfigError, match="steps or time"):
+        LMTrainConfig(horizon="epochs")

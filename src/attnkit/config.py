@@ -102,6 +102,7 @@ class Optimisation:
     accumulate: int = 1  # batches (segments) per update
     max_steps: int = 0  # 0 = no limit; with cosine, the decay horizon
     max_minutes: float = 0.0  # wall-clock budget for the whole run (0 = none)
+    horizon: str = "steps"  # cosine decays over: steps (max_steps) | time (max_minutes, or max_steps if sooner)
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
     compile: bool = False  # torch.compile the model's forward (and so its backward) for training
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
@@ -120,8 +121,13 @@ class Optimisation:
             raise ConfigError("train.accumulate must be positive")
         if min(self.warmup, self.max_steps) < 0 or self.clip_norm < 0 or self.max_minutes < 0:
             raise ConfigError("train.warmup, max_steps, clip_norm and max_minutes must not be negative")
-        if self.schedule == "cosine" and self.max_steps <= 0:
-            raise ConfigError("the cosine schedule needs train.max_steps > 0 as its horizon")
+        if self.horizon not in ("steps", "time"):
+            raise ConfigError(f"train.horizon must be steps or time, not {self.horizon!r}")
+        if self.horizon == "time" and (self.schedule != "cosine" or self.max_minutes <= 0):
+            raise ConfigError("train.horizon=time decays the cosine schedule over train.max_minutes: it needs "
+                              f"schedule cosine (not {self.schedule}) and max_minutes > 0 (not {self.max_minutes:g})")
+        if self.schedule == "cosine" and self.max_steps <= 0 and self.horizon == "steps":
+            raise ConfigError("the cosine schedule needs a horizon: train.max_steps > 0 or train.horizon=time")
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,9 @@ def train_model(preset: str, overrides: Sequence[str], data_dir: Path, run_dir: 
         say(f"{run_dir.name}: trained already")
         return
     cfg = cfgmod.resolve([preset], list(overrides), cls=cfgmod.LMRunConfig)
+    if cfg.train.schedule == "cosine" and cfg.train.max_minutes and cfg.train.horizon == "steps":
+        # one wall-clock budget per model: each one's learning rate decays over it, however fast the model runs
+        cfg = cfgmod.resolve([preset], [*overrides, "train.horizon=time"], cls=cfgmod.LMRunConfig)
     resume = (run_dir / "checkpoints" / "last.safetensors").is_file()
     say(f"{'resuming' if resume else 'training'} {preset} ({cfg.model.kind}, budget {cfg.train.max_minutes or 'none'} "
         f"min, {cfg.train.max_steps or 'no'} step limit) in {run_dir}")

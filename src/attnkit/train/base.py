@@ -82,7 +82,7 @@ class TrainerBase:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay, fused=self.device.type in ("cpu", "cuda"))
         self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
-                                      total=t.max_steps)
+                                      total=t.max_steps, by_time=t.horizon == "time")
         weights = 4 * sum(p.numel() for p in self.model.parameters())  # float32 bytes
         if self.dist.is_main:  # last + prev with Adam's two moments, best and the kept epochs as weights only
             ensure_free_space(self.run_dir, 2 * 3 * weights + (1 + getattr(t, "keep_epochs", 0)) * weights,
@@ -228,7 +228,7 @@ class TrainerBase:
         update whose loss or gradient is not finite. The gradient norm is checked on every update: a NaN or
         inf gradient can come with a finite loss (an overflow in backward), and must not reach the weights.
         Returns the lr."""
-        lr = self.schedule(self.state.step + 1)
+        lr = self.scheduled_lr()
         clip = self.cfg.train.clip_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)  # one fused pass over the grads
         if not (math.isfinite(total_loss) and torch.isfinite(grad_norm)):
@@ -240,6 +240,15 @@ class TrainerBase:
             self.state.skipped = 0
         self.state.step += 1
         return lr
+
+    def scheduled_lr(self) -> float:
+        """The learning rate of the next update; over a time horizon, from the budget's share spent so far (the
+        mean over ranks, so every rank steps with the same rate)."""
+        t = self.cfg.train
+        if t.horizon != "time":
+            return self.schedule(self.state.step + 1)
+        elapsed = self.dist.sum(self.state.elapsed_s)[0] / self.dist.world
+        return self.schedule(self.state.step + 1, spent=elapsed / (t.max_minutes * 60))
 
     def skip_update(self) -> None:
         self.state.skipped += 1

@@ -1,4 +1,5 @@
-"""Learning-rate schedules as plain functions of the update number (1-based)."""
+"""Learning-rate schedules as plain functions of the update number (1-based). The cosine can also decay over a
+wall-clock budget: it is then called with the fraction of the budget spent, and goes by whichever is further on."""
 
 from __future__ import annotations
 
@@ -20,18 +21,24 @@ def inverse_sqrt(step: int, peak_lr: float, warmup: int) -> float:
     return peak_lr * min(step / warmup, math.sqrt(warmup / step))
 
 
-def cosine(step: int, peak_lr: float, warmup: int, total: int, min_ratio: float = 0.0) -> float:
-    """Linear warm-up, then half a cosine from peak_lr down to min_ratio * peak_lr at `total`."""
+def cosine(step: int, peak_lr: float, warmup: int, total: int, min_ratio: float = 0.0, spent: float = 0.0) -> float:
+    """Linear warm-up, then half a cosine from peak_lr down to min_ratio * peak_lr at `total` updates or when
+    `spent` (the fraction of a time budget used so far) reaches 1, whichever comes first; total 0: time only."""
     step = max(step, 1)
     if step < warmup:
         return peak_lr * step / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    by_steps = (step - warmup) / max(1, total - warmup) if total > 0 else 0.0
+    progress = min(1.0, max(by_steps, spent))
     return peak_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_schedule(name: str, *, lr: float | None, warmup: int, d_model: int, total: int = 0) -> Callable[[int], float]:
-    """The configured schedule. `lr` is the peak; noam with lr=None keeps the paper's own scale."""
+def make_schedule(name: str, *, lr: float | None, warmup: int, d_model: int, total: int = 0,
+                  by_time: bool = False) -> Callable[..., float]:
+    """The configured schedule, a function of the update number. `lr` is the peak; noam with lr=None keeps the
+    paper's own scale. With `by_time` (cosine only) it also takes `spent`, the fraction of the time budget used."""
     warmup = max(warmup, 1)
+    if by_time and name != "cosine":
+        raise ConfigError(f"train.horizon=time decays the cosine schedule over the time budget; {name} has no horizon")
     if name == "noam":
         peak = noam(warmup, d_model, warmup)
         factor = 1.0 if lr is None else lr / peak
@@ -40,7 +47,7 @@ def make_schedule(name: str, *, lr: float | None, warmup: int, d_model: int, tot
     if name == "inverse_sqrt":
         return lambda step: inverse_sqrt(step, peak_lr, warmup)
     if name == "cosine":
-        if total <= 0:
-            raise ConfigError("the cosine schedule needs train.max_steps > 0 as its horizon")
-        return lambda step: cosine(step, peak_lr, warmup, total)
+        if total <= 0 and not by_time:
+            raise ConfigError("the cosine schedule needs a horizon: train.max_steps > 0 or train.horizon=time")
+        return lambda step, spent=0.0: cosine(step, peak_lr, warmup, total, spent=spent)
     return lambda step: peak_lr
