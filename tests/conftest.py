@@ -62,3 +62,40 @@ def data_dir(tmp_path_factory, corpus_files) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(out, corpus_files["train"], corpus_files["valid"], corpus_files["test"], vocab_size=120)
     return out
+
+
+LM_TEXT = "".join(f"{who}: the {what} is here.\n" for who in ("ANNA", "BEN") for what in ("cat", "sea", "king"))
+LM_TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=2", "train.tgt_len=8",
+           "train.mem_len=8", "train.batch_size=2", "train.eval_batch_size=2", "train.device=cpu",
+           "train.eval_interval=100", "train.log_every=1", "train.schedule=constant", "train.lr=0.01",
+           "train.max_steps=2"]
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory, data_dir) -> dict[str, Path]:
+    """A tiny trained checkpoint of every family with attention: the Transformer, rnn-bahdanau and rnn-hard on the
+    number corpus, Transformer-XL and the vanilla LM on a character-level text."""
+    from attnkit import config as cfgmod
+    from attnkit.config import RNNConfig
+    from attnkit.data.lm import prepare_lm
+    from attnkit.train.lm_trainer import LMTrainer
+    from attnkit.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("families")
+    runs = {"transformer": tiny_run_config(max_steps=4, max_epochs=1, log_every=1)}
+    for kind in ("rnn-bahdanau", "rnn-hard"):
+        runs[kind] = RunConfig(model=RNNConfig(kind=kind, src_vocab_size=40, tgt_vocab_size=40, embed_dim=12,
+                                               hidden=16),
+                               train=TrainConfig(max_tokens=300, lr=3e-3, schedule="constant", eval_bleu=False,
+                                                 max_steps=2, eval_max_sentences=4, device="cpu"))
+    out = {}
+    for kind, cfg in runs.items():
+        Trainer(cfg, data_dir, root / kind, progress=False).fit()
+        out[kind] = root / kind / "checkpoints" / "best.safetensors"
+    (root / "text.txt").write_text(LM_TEXT * 4, encoding="utf-8")
+    prepare_lm(root / "lmdata", root / "text.txt", level="char", valid_fraction=0.2)
+    for kind, preset in (("transformer-xl", "lm-char-small"), ("vanilla-lm", "lm-char-small-vanilla")):
+        cfg = cfgmod.resolve([preset], LM_TINY, cls=cfgmod.LMRunConfig)
+        LMTrainer(cfg, root / "lmdata", root / kind, progress=False).fit()
+        out[kind] = root / kind / "checkpoints" / "best.safetensors"
+    return out

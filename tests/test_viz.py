@@ -21,7 +21,7 @@ from attnkit.nn import sinusoid_table
 from attnkit.train.schedules import make_schedule
 from attnkit.train.trainer import Trainer
 from attnkit.viz import (
-    attention_html,
+    write_explorer,
     plot_attention,
     plot_attention_heads,
     plot_curves,
@@ -36,7 +36,7 @@ from attnkit.viz.positions import rotation, shift_maps, shift_residuals
 from attnkit.viz.report import after_fit, dev_attention_figure
 from attnkit.viz.softmax import softmax_jacobian, two_to_one_logits
 from attnkit.viz.stats import diagonal_hits, diagonal_stats
-from conftest import tiny_run_config
+from conftest import LM_TEXT, LM_TINY, tiny_run_config
 
 SOURCES = ["einundzwanzig", "dreihundertvierundfünfzig"]
 TARGETS = ["twenty-one", "three hundred and fifty-four"]
@@ -86,7 +86,7 @@ class PageChecker(HTMLParser):
 
 
 def check_html(path: Path) -> PageChecker:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8").replace("'http://www.w3.org/2000/svg'", "")  # a name, not a fetch
     assert text.startswith("<!DOCTYPE html>") and "http://" not in text and "https://" not in text
     checker = PageChecker()
     checker.feed(text)
@@ -153,14 +153,17 @@ def test_plot_attention_heads_keeps_the_demos_signature(tmp_path):
     assert labels(fig.axes[0].get_xticklabels()) == list("vwxyz")
 
 
-def test_html_page_is_self_contained_and_embeds_the_maps(tmp_path, translator):
+def test_explorer_page_is_self_contained_and_embeds_the_maps(tmp_path, translator):
     views = seq2seq_views(translator, SOURCES, TARGETS)
-    data = attention_html(views, tmp_path / "a.html")
+    data = write_explorer([[v] for v in views], tmp_path / "a.html", title="t", model="transformer",
+                          task="translation")
     page = check_html(tmp_path / "a.html")
-    assert json.loads(page.scripts["attn-data"]) == data
-    for view, sentence in zip(views, data["sentences"]):
+    assert json.loads(page.scripts["explorer-data"]) == data and "explorer-live" not in page.scripts
+    for view, item in zip(views, data["items"]):
+        (hyp,) = item["hypotheses"]
+        assert item["source"] == view.source and hyp["text"] == view.output
         for kind, layers in view.maps.items():
-            embedded = sentence["kinds"][kind]
+            embedded = hyp["kinds"][kind]
             assert embedded["queries"] == view.queries[kind] and embedded["keys"] == view.keys[kind]
             np.testing.assert_allclose(np.asarray(embedded["layers"]), np.stack(layers), atol=1e-4)
 
@@ -418,11 +421,6 @@ def test_cli_refuses_to_overwrite_and_reports_bad_options(capsys, tmp_path, run_
 
 
 # --- language models and RNNs -------------------------------------------------------------------
-LM_TEXT = "".join(f"{who}: the {what} is here.\n" for who in ("ANNA", "BEN") for what in ("cat", "sea", "king"))
-LM_TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=2", "train.tgt_len=8",
-           "train.mem_len=8", "train.batch_size=2", "train.eval_batch_size=2", "train.device=cpu",
-           "train.eval_interval=100", "train.log_every=1", "train.schedule=constant", "train.lr=0.01",
-           "train.max_steps=2"]
 LM_PROMPT = "ANNA: the cat is here."
 VISIBLE_SPACE = "\u2423"  # how a space token is labelled
 
@@ -505,15 +503,15 @@ def test_vanilla_lm_view_is_its_causal_attention(lm_runs):
     assert np.triu(view.maps["self"][0], 1).max() == 0.0  # causal: nothing above the diagonal
 
 
-def test_lm_html_page_embeds_the_self_attention_and_the_boundary(tmp_path, lm_runs):
+def test_lm_explorer_page_embeds_the_self_attention_and_the_boundary(tmp_path, lm_runs):
     from attnkit.viz import load_views
 
     views = load_views(lm_runs["transformer-xl"] / "checkpoints" / "best.safetensors", [LM_PROMPT, "BEN: sea"])
-    data = attention_html(views, tmp_path / "lm.html")
+    data = write_explorer([[v] for v in views], tmp_path / "lm.html", title="t", model="transformer-xl", task="lm")
     page = check_html(tmp_path / "lm.html")
-    assert json.loads(page.scripts["attn-data"]) == data
-    for view, sentence in zip(views, data["sentences"]):
-        embedded = sentence["kinds"]["self"]
+    assert json.loads(page.scripts["explorer-data"]) == data
+    for view, item in zip(views, data["items"]):
+        embedded = item["hypotheses"][0]["kinds"]["self"]
         assert embedded["boundary"] == view.boundary["self"] and embedded["keys"] == view.keys["self"]
         np.testing.assert_allclose(np.asarray(embedded["layers"]), np.stack(view.maps["self"]), atol=1e-4)
 
@@ -577,10 +575,15 @@ def rnn_runs(tmp_path_factory, data_dir) -> dict[str, Path]:
 def test_rnn_view_is_its_alignment_matrix(rnn_runs, kind):
     t = Translator.from_checkpoint(rnn_runs[kind] / "checkpoints" / "best.safetensors", device="cpu")
     view = seq2seq_views(t, SOURCES[1:], TARGETS[1:])[0]
-    assert list(view.maps) == ["cross"]
+    hard = kind == "rnn-hard"
+    assert list(view.maps) == (["cross", "scores"] if hard else ["cross"])
     plot = plot_attention(view, "cross", None)
     maps, src, out, _ = reference_maps(t, SOURCES[1], TARGETS[1])
-    assert list(maps) == ["cross"] and maps["cross"][0].shape[:2] == (1, 1)
+    assert list(maps) == list(view.maps) and maps["cross"][0].shape[:2] == (1, 1)
+    if hard:  # in eval mode each choice is the arg-max of the distribution it is drawn from (B, 1, T, S)
+        choices, scores = maps["cross"][0], maps["scores"][0]
+        assert torch.equal(choices.argmax(-1), scores.argmax(-1)) and torch.all(choices.sum(-1) == 1)
+        torch.testing.assert_close(scores.sum(-1), torch.ones_like(scores.sum(-1)))
     assert_grid_equals(plot, [maps["cross"][0][0].numpy()], out, src)
     greedy = seq2seq_views(t, SOURCES[:1])[0]  # without a target: the greedy translation, teacher-forced back
     assert greedy.output == t.translate(SOURCES[:1])[0].text

@@ -150,23 +150,13 @@ def cmd_eval(args, overrides: list[str]) -> None:
 
 
 def cmd_generate(args, overrides: list[str]) -> None:
-    import torch
-
     from attnkit.checkpoint import load_lm_checkpoint
-    from attnkit.decode.lm import generate
+    from attnkit.decode.lm import sample_text
     from attnkit.runtime import resolve_device
 
-    device = resolve_device(args.device)
-    model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
-    ids = vocab.encode([args.prompt])
-    prompt = torch.as_tensor(ids[:-1] if len(ids) > 1 else ids, dtype=torch.long, device=device)[None]  # (1, P)
-    mem_len = cfg.train.eval_lengths[1] if args.mem_len is None else args.mem_len
-    if model.kind != "transformer-xl" and mem_len <= 0:  # the others sample from a window of recent tokens
-        mem_len = cfg.train.tgt_len
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    out = generate(model, prompt, args.length, mem_len=mem_len, clamp_len=cfg.train.clamp_len,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
-    print(args.prompt + vocab.decode(out[0].tolist()))
+    model, vocab, cfg = load_lm_checkpoint(args.checkpoint, resolve_device(args.device))
+    print(args.prompt + sample_text(model, vocab, cfg, args.prompt, args.length, mem_len=args.mem_len,
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed))
 
 
 def cmd_speed(args, overrides: list[str]) -> None:

@@ -25,13 +25,21 @@ def add_parsers(sub) -> dict[str, Callable]:
     a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
     a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
     a.add_argument("--layer", default="all", help="layer number counted from 1 (-1 = the last), or all")
-    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "all"],
+    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "scores", "all"],
                    help="encoder self, decoder masked self, encoder-decoder (the only kind of RNN models), "
                         "a language model's self-attention, or all the model has")
     a.add_argument("--mem-len", type=int,
                    help="Transformer-XL: how many leading tokens of the text become the memory; the rest is the "
                         "segment drawn over [memory | segment] (default: the first half)")
-    a.add_argument("--html", action="store_true", help="one interactive self-contained HTML page instead of PNGs")
+    a.add_argument("--html", action="store_true",
+                   help="the attention explorer instead of PNGs: one self-contained page with bertviz's head and "
+                        "model views, heatmaps and per-token summaries")
+    a.add_argument("--beam", type=int, default=1,
+                   help="with --html and no --tgt: translate with this beam and show each of --nbest hypotheses")
+    a.add_argument("--nbest", type=int, default=1, help="with --html: hypotheses per sentence (at most --beam)")
+    a.add_argument("--bertviz", metavar="FILE.pt",
+                   help="also save the attention as bertviz's input (one file per sentence): "
+                        "head_view(**torch.load(FILE)) or model_view(**torch.load(FILE)) draws it there")
     a.add_argument("--stats", action="store_true",
                    help="print per layer the share of target tokens attending near the diagonal (needs --src-file)")
     a.add_argument("--src-file", help="source sentences, one per line (for --stats or --html)")
@@ -132,17 +140,13 @@ def plot_attention_cmd(args, overrides: list[str]) -> None:
         return attention_stats_cmd(args)
     sources, targets = _sentences(args)
     if args.html:
-        out = _new(args.out or "attention.html", args.force)
-        from attnkit.viz.html import attention_html
-
-        n = min(len(sources), HTML_SENTENCES)
-        views = load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n], args.device,
-                           mem_len=args.mem_len)
-        attention_html(views, out, title=f"attention of {Path(args.checkpoint).name}")
-        print(f"wrote {out} ({n} sentence{'s' * (n > 1)})")
-        return
-    view = load_views(args.checkpoint, sources[:1], None if targets is None else targets[:1], args.device,
-                      mem_len=args.mem_len)[0]
+        return explorer_cmd(args, sources, targets)
+    n = min(len(sources), HTML_SENTENCES) if args.bertviz else 1
+    views = load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n], args.device,
+                       mem_len=args.mem_len)
+    if args.bertviz:
+        _save_bertviz(args, views)
+    view = views[0]
     kinds = list(view.maps) if args.kind == "all" else [KIND_NAMES[args.kind]]
     for kind in kinds:  # a kind the model lacks is the mistake to report, before any existing output
         view.layers(kind)
@@ -157,6 +161,41 @@ def plot_attention_cmd(args, overrides: list[str]) -> None:
     for kind, out in outs.items():
         plot_attention(view, kind, out, args.layer)
         print(f"wrote {out}")
+
+
+def explorer_cmd(args, sources: list[str], targets: list[str] | None) -> None:
+    """The explorer page of up to HTML_SENTENCES inputs: translations searched with --beam / --nbest (each
+    hypothesis with its attention), or the given targets, or a language model's texts."""
+    from attnkit.config import family
+    from attnkit.decode import DecodeOptions, Translator
+    from attnkit.viz.attention import checkpoint_kind, load_views, translation_views
+    from attnkit.viz.explorer import write_explorer
+
+    out = _new(args.out or "attention.html", args.force)
+    n = min(len(sources), HTML_SENTENCES)
+    kind = checkpoint_kind(args.checkpoint)
+    task = "lm" if family(kind).task == "lm" else "translation"
+    if targets is None and (args.beam > 1 or args.nbest > 1):
+        if task == "lm":
+            raise AttnkitError("--beam and --nbest are for translation models; a language model reads its text")
+        if args.nbest > args.beam:
+            raise AttnkitError(f"--nbest {args.nbest} is more than --beam {args.beam}")
+        translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+        items = translation_views(translator, sources[:n], DecodeOptions(beam=args.beam, nbest=args.nbest))
+    else:
+        items = [[v] for v in load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n],
+                                         args.device, mem_len=args.mem_len)]
+    write_explorer(items, out, title=f"attention of {Path(args.checkpoint).name}", model=kind, task=task)
+    print(f"wrote {out} ({n} input{'s' * (n > 1)})")
+    if args.bertviz:
+        _save_bertviz(args, [hyps[0] for hyps in items])
+
+
+def _save_bertviz(args, views) -> None:
+    from attnkit.viz.explorer import save_bertviz
+
+    for path in save_bertviz(views, _new(args.bertviz, args.force)):
+        print(f"wrote {path} (bertviz: head_view(**torch.load(path)))")
 
 
 def _kind_paths(out: Path, kinds: list[str]) -> dict[str, Path]:

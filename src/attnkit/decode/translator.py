@@ -69,6 +69,7 @@ class Translation:
     attention: torch.Tensor | None = None  # (len(tgt_pieces)+1, H, S): cross-attention of the chosen layer
     norm_score: float = 0.0  # the score the search ranked by
     nbest: list[Translation] = field(default_factory=list)  # the other hypotheses, best first
+    tokens: list[int] = field(default_factory=list)  # the output's ids, without BOS and EOS
 
     @property
     def alignment(self) -> list[int]:
@@ -236,7 +237,7 @@ class Translator:
         return Translation(source=source, text=self.tgt_tok.decode([h.tokens])[0], score=h.score,
                            src_pieces=src_pieces, tgt_pieces=self.tgt_tok.pieces(h.tokens),
                            attention=None if h.attention is None else h.attention[..., :n_src],
-                           norm_score=h.norm_score)
+                           norm_score=h.norm_score, tokens=list(h.tokens))
 
     def translate_texts(self, sentences: list[str], **kw) -> list[str]:
         return [t.text for t in self.translate(sentences, **kw)]

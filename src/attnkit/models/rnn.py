@@ -200,9 +200,14 @@ class RNNSeq2Seq(nn.Module):
         return self.decode(tgt_in, self.encode(src))[0]
 
     def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
-        """Logits plus the decoder-source alignment: {"cross": [(B, 1, T, S)]} (one layer, one head)."""
-        logits, weights = self.decode(tgt_in, self.encode(src), need_weights=True)
-        return logits, {"cross": [weights]}
+        """Logits plus the decoder-source alignment: {"cross": [(B, 1, T, S)]} (one layer, one head); hard attention
+        adds {"scores": [(B, 1, T, S)]}, the distribution a_t each of its one-hot choices was taken from."""
+        self._require_attention()
+        features, attended = self._unroll(tgt_in, self.init_state(self.encode(src)))
+        maps = {"cross": [torch.stack([a.weights for a in attended], 1)[:, None]]}  # (B, 1, T, S)
+        if self.kind == "rnn-hard":
+            maps["scores"] = [torch.stack([a.log_probs.exp() for a in attended], 1)[:, None]]
+        return self.project(features), maps
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Output features (..., H) -> vocabulary logits (..., V)."""

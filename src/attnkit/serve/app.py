@@ -15,20 +15,16 @@ SIGTERM (and Ctrl-C) stop accepting connections, answer every request already ac
 from __future__ import annotations
 
 import contextlib
-import logging
-import re
 import signal
-import time
 from collections.abc import AsyncIterator
 
 try:
     import uvicorn
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
-    from starlette.exceptions import HTTPException
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
 
-    from attnkit.serve.metrics import CONTENT_TYPE, ServiceMetrics
+    from attnkit.serve.http import ApiError, answer, check_input, install_error_handlers, install_metrics
+    from attnkit.serve.metrics import ServiceMetrics
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"attnkit.serve needs the serve extra: pip install 'attnkit[serve]' ({e})") from e
 
@@ -40,75 +36,16 @@ from attnkit.runtime import available_memory
 from attnkit.serve.batcher import Batcher, Busy
 from attnkit.serve.schema import (
     ErrorOut,
+    ExploreRequest,
     Health,
     Limits,
     TranslateRequest,
     TranslateResponse,
     TranslationOut,
     api_words,
-    check_text,
 )
-
-log = logging.getLogger("attnkit.serve")
-
-
-# ------------------------------------------------------------------------------------------------- app
-class ApiError(Exception):
-    """A request the service refuses: answered as `{"error": message}` with `status`."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": _one_line(message)}, status_code=status, headers=headers)
-
-
-def _validation_message(err: dict) -> tuple[int, str]:
-    """FastAPI's list of pydantic errors -> (status, one line naming the field)."""
-    if err.get("type") == "json_invalid":
-        detail = (err.get("ctx") or {}).get("error", "")
-        where = f" at position {err['loc'][1]}" if len(err.get("loc", ())) > 1 else ""
-        return 400, f"malformed JSON body: {detail or err.get('msg')}{where}"
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    msg = re.sub(r"^Value error, ", "", str(err.get("msg", "invalid request")))
-    if not loc and err.get("type") == "missing":
-        return 422, "the request needs a JSON object body"
-    if not loc and isinstance(err.get("input"), bytes):  # FastAPI parses JSON only when the header says so
-        return 415, "send the body as JSON, with the header 'Content-Type: application/json'"
-    if not loc and err.get("type") == "model_attributes_type":
-        return 422, "the request body must be a JSON object"
-    if loc and err.get("type") == "extra_forbidden":
-        return 422, f"unknown field '{'.'.join(loc)}'"
-    return 422, f"field '{'.'.join(loc)}': {msg}" if loc else msg
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        status, message = _validation_message(errors[0]) if errors else (422, "invalid request")
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more)"
-        return _error(status, message)
-
-    @app.exception_handler(ApiError)
-    async def _refused(_: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, str(exc), exc.headers)
-
-    @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.error("unexpected error: %s: %s", type(exc).__name__, exc)
-        return _error(500, f"internal error: {type(exc).__name__}")
+from attnkit.viz.attention import translation_views
+from attnkit.viz.explorer import explorer_data, explorer_page
 
 
 def check_memory(translator: Translator, limits: Limits, budget: int | None) -> None:
@@ -154,8 +91,8 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
     app = FastAPI(title="attnkit", version=__version__, lifespan=lifespan,
                   description="Translate text with an attnkit checkpoint. Errors are `{\"error\": \"...\"}`.")
     app.state.batcher, app.state.request_timeout_s = batcher, request_timeout_s
-    _install_error_handlers(app)
-    _install_metrics(app, metrics)
+    install_error_handlers(app)
+    install_metrics(app, metrics)
     errors = {code: {"model": ErrorOut} for code in (400, 413, 415, 422, 500, 503, 504)}
 
     @app.get("/health")
@@ -179,6 +116,26 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
             raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
         return TranslateResponse(translations=[TranslationOut.of(t, req.alignment) for t in results])
 
+    page = explorer_page(f"attnkit: {model_kind}", live={"task": "translation", "max_beam": caps.max_beam})
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> HTMLResponse:
+        """The attention explorer: type a sentence, see its translations and every attention map."""
+        return HTMLResponse(page)
+
+    @app.post("/explore", responses=errors)
+    async def explore(req: ExploreRequest) -> dict:
+        """One sentence translated with `beam` (`nbest` hypotheses), each with the attention the model computes for
+        it, as the explorer page draws it."""
+        check_input(req.text, "text", caps.max_chars)
+        try:
+            options = req.options(caps)
+        except AttnkitError as e:
+            raise ApiError(422, str(e)) from None
+        items = await answer(batcher.gate.run(translation_views, translator, [req.text], options), request_timeout_s,
+                             "translation")
+        return explorer_data(items, title=f"attnkit: {model_kind}", model=model_kind, task="translation")
+
     return app
 
 
@@ -187,44 +144,24 @@ def _checked(req: TranslateRequest, caps: Limits) -> tuple[list[str], DecodeOpti
     sentences = req.sentences()
     if len(sentences) > caps.max_request_sentences:
         raise ApiError(413, f"{len(sentences)} sentences in one request; the limit is {caps.max_request_sentences}")
+    for field, s in zip(req.fields(), sentences):
+        check_input(s, field, caps.max_chars)
     try:
-        for field, s in zip(req.fields(), sentences):
-            if len(s) > caps.max_chars:
-                raise ApiError(413, f"field '{field}' has {len(s)} characters; the limit is {caps.max_chars}")
-            check_text(s, field)
         return sentences, req.options(caps)
     except AttnkitError as e:
         raise ApiError(422, str(e)) from None
 
 
-_ROUTES = re.compile(r"^/(translate|health|metrics|docs|openapi\.json)$")
-
-
-def _install_metrics(app: FastAPI, metrics: ServiceMetrics) -> None:
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.url.path if _ROUTES.match(request.url.path) else "other"  # bounded label values
-        metrics.observe_request(route, response.status_code, time.perf_counter() - start)
-        return response
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
-        return Response(metrics.text(), media_type=CONTENT_TYPE)
-
-
 def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           quantize: str | None = None, **app_kw) -> None:
-    """Load `checkpoint` (int8 weights with quantize="int8") and serve it over HTTP until SIGTERM or Ctrl-C;
-    `app_kw` go to `create_app`.
+    """Load `checkpoint` and serve it over HTTP until SIGTERM or Ctrl-C: a translation model (int8 weights with
+    quantize="int8") through `create_app`, a language model through `create_lm_app`; `app_kw` go to them.
 
     On SIGTERM uvicorn stops accepting connections and waits for the requests it has accepted (up to the
     per-request time limit); the process then exits normally (0), not by the signal (143).
     """
-    translator = Translator.from_checkpoint(checkpoint, device, quantize=quantize)
-    app = create_app(translator, **app_kw)
-    grace = app.state.request_timeout_s + 5  # the longest an accepted request can still take
+    app = _load_app(checkpoint, device, quantize, app_kw)
+    grace = app_kw.get("request_timeout_s", 60.0) + 5  # the longest an accepted request can still take
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=grace)
     # uvicorn re-raises the signal that stopped it once it has drained; a handler here makes that a no-op
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
@@ -232,6 +169,22 @@ def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device:
         uvicorn.Server(config).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _load_app(checkpoint: str, device: str, quantize: str | None, app_kw: dict) -> FastAPI:
+    from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
+    from attnkit.config import family
+    from attnkit.runtime import resolve_device
+
+    kind = load_checkpoint(checkpoint).kind
+    if family(kind, f"{checkpoint}: model kind").task != "lm":
+        return create_app(Translator.from_checkpoint(checkpoint, device, quantize=quantize), **app_kw)
+    if quantize not in (None, "none"):
+        raise ConfigError(f"--quantize {quantize} is for translation models; {checkpoint} holds a {kind} language model")
+    from attnkit.serve.lm_app import create_lm_app
+
+    lm_kw = {k: v for k, v in app_kw.items() if k == "request_timeout_s" or k in Limits.__dataclass_fields__}
+    return create_lm_app(*load_lm_checkpoint(checkpoint, resolve_device(device)), **lm_kw)
 
 
 __all__ = ["ApiError", "create_app", "serve"]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attnkit.decode.translator import DecodeOptions, Translation, Translator
+from attnkit.serve.http import ModelGate
 
 log = logging.getLogger("attnkit.serve")
 
@@ -72,6 +73,7 @@ class Batcher:
         self._running: list[_Job] = []  # the batch being translated
         self._seconds_per_sentence = 0.05  # running mean, for Retry-After
         self._queued_sentences = 0
+        self.gate = ModelGate()  # the explorer's requests use the model through the same gate
 
     @property
     def pending(self) -> int:
@@ -192,9 +194,9 @@ class Batcher:
         """Translate the sentences of `group` in a worker thread (the event loop stays free)."""
         head, sentences = group[0], [s for job in group for s in job.sentences]
         start = time.perf_counter()
-        results = await asyncio.to_thread(self.translator.translate, sentences, head.options,
-                                          batch_size=self.max_batch_sentences, need_attention=head.need_attention,
-                                          memory_budget=self.memory_budget)
+        results = await self.gate.run(self.translator.translate, sentences, head.options,
+                                      batch_size=self.max_batch_sentences, need_attention=head.need_attention,
+                                      memory_budget=self.memory_budget)
         seconds = time.perf_counter() - start
         self._seconds_per_sentence = 0.8 * self._seconds_per_sentence + 0.2 * seconds / len(sentences)
         if self.on_batch is not None:

@@ -80,6 +80,44 @@ class TranslateRequest(BaseModel):
             raise ConfigError(api_words(str(e))) from None
 
 
+class ExploreRequest(BaseModel):
+    """POST /explore: one input for the attention explorer; a translation server searches with `beam` and shows
+    `nbest` hypotheses (a language-model server reads `text`, and ignores neither: it refuses beam or nbest > 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    text: str
+    beam: int = Field(1, ge=1)
+    nbest: int = Field(1, ge=1)
+
+    def options(self, limits: Limits) -> DecodeOptions:
+        for name, value in (("beam", self.beam), ("nbest", self.nbest)):
+            if value > limits.max_beam:
+                raise ConfigError(f"field '{name}': {value} is over this server's limit of {limits.max_beam}")
+        if self.nbest > self.beam:
+            raise ConfigError(f"field 'nbest': {self.nbest} hypotheses need a beam of at least {self.nbest}")
+        return DecodeOptions(beam=self.beam, nbest=self.nbest, max_len=limits.max_output_tokens)
+
+
+class GenerateRequest(BaseModel):
+    """POST /generate: sample `length` tokens after `prompt` (as `attnkit lm generate` with the same values)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    prompt: str = ""
+    length: int = Field(100, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+
+    def check(self, limits: Limits) -> None:
+        for name, value, cap in (("length", self.length, limits.max_output_tokens),
+                                 ("top_k", self.top_k, limits.max_top_k)):
+            if value > cap:
+                raise ConfigError(f"field '{name}': {value} is over this server's limit of {cap}")
+
+
 def api_words(message: str) -> str:
     """A library message names CLI flags (--beam); over HTTP they are JSON fields (beam)."""
     return re.sub(r"--([a-z][a-z-]*)", lambda m: m[1].replace("-", "_"), message)
@@ -128,5 +166,5 @@ class ErrorOut(BaseModel):
     error: str
 
 
-__all__ = ["ErrorOut", "Health", "Limits", "TranslateRequest", "TranslateResponse", "TranslationOut",
-           "api_words", "check_text"]
+__all__ = ["ErrorOut", "ExploreRequest", "GenerateRequest", "Health", "Limits", "TranslateRequest",
+           "TranslateResponse", "TranslationOut", "api_words", "check_text"]

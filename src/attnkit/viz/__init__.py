@@ -4,7 +4,7 @@ positional encodings, schedules, training curves, the softmax-scaling argument a
 from attnkit.viz.attention import AttentionView, load_views, plot_attention, plot_attention_heads
 from attnkit.viz.curves import plot_curves, plot_schedule, read_metrics
 from attnkit.viz.figure import Plot
-from attnkit.viz.html import attention_html
+from attnkit.viz.explorer import save_bertviz, write_explorer
 from attnkit.viz.positions import plot_positions
 from attnkit.viz.report import write_report
 from attnkit.viz.softmax import plot_softmax, softmax_scaling
@@ -13,7 +13,6 @@ from attnkit.viz.stats import diagonal_stats
 __all__ = [
     "AttentionView",
     "Plot",
-    "attention_html",
     "diagonal_stats",
     "load_views",
     "plot_attention",
@@ -23,6 +22,8 @@ __all__ = [
     "plot_schedule",
     "plot_softmax",
     "read_metrics",
+    "save_bertviz",
     "softmax_scaling",
+    "write_explorer",
     "write_report",
 ]

@@ -28,9 +28,10 @@ from attnkit.models import model_class
 from attnkit.viz.figure import Plot, finish, subplots
 
 # Kinds a model returns (translation models: enc, dec, cross; RNNs: cross; LMs: self), as `--kind` names them.
-KIND_NAMES = {"enc": "encoder", "dec": "decoder", "cross": "cross", "self": "self"}
+KIND_NAMES = {"enc": "encoder", "dec": "decoder", "cross": "cross", "self": "self", "scores": "scores"}
 TITLES = {"encoder": "encoder self-attention", "decoder": "decoder masked self-attention",
-          "cross": "encoder-decoder attention", "self": "self-attention (memory | segment)"}
+          "cross": "encoder-decoder attention", "self": "self-attention (memory | segment)",
+          "scores": "hard attention: the distribution each choice was drawn from"}
 LM_TITLE_NO_MEMORY = "causal self-attention"
 
 
@@ -51,6 +52,8 @@ class AttentionView:
     keys: dict[str, list[str]]
     boundary: dict[str, int] = field(default_factory=dict)  # kind -> first key index after the memory
     content: dict[str, tuple[int, int]] = field(default_factory=dict)
+    score: float | None = None  # a search's hypothesis: its summed log-probability
+    norm_score: float | None = None  # and the score the search ranked it by
 
     def layers(self, kind: str) -> list[np.ndarray]:
         if kind not in self.maps:
@@ -136,7 +139,7 @@ def plot_attention(view: AttentionView, kind: str, path: str | Path | None, laye
 # Which token sequence labels the rows and the columns of each kind a seq2seq model's
 # `attention(src, tgt_in)` returns: src = source + EOS, out = what each decoder position predicts
 # (target + EOS), in = what the decoder reads (BOS + target).
-SEQ2SEQ_SIDES = {"encoder": ("src", "src"), "decoder": ("out", "in"), "cross": ("out", "src")}
+SEQ2SEQ_SIDES = {"encoder": ("src", "src"), "decoder": ("out", "in"), "cross": ("out", "src"), "scores": ("out", "src")}
 
 
 def seq2seq_views(translator, sources: list[str], targets: list[str] | None = None,
@@ -145,22 +148,47 @@ def seq2seq_views(translator, sources: list[str], targets: list[str] | None = No
 
     Without targets, each source is translated greedily first and its output teacher-forced back
     through `model.attention(src, tgt_in)`, which returns the maps: {kind: L x (B, H, T, S)} with kinds
-    among "encoder", "decoder", "cross". Decoder rows are labelled with the token each position
-    predicts, decoder keys with the tokens it reads.
+    among "encoder", "decoder", "cross" (and an RNN's "scores"). Decoder rows are labelled with the token each
+    position predicts, decoder keys with the tokens it reads.
     """
-
-    src_ids = translator.encode_sources(sources)
     if targets is not None and len(targets) != len(sources):
         raise AttnkitError(f"{len(sources)} source sentences but {len(targets)} targets")
+    src_ids = translator.encode_sources(sources)
+    if targets is None:
+        tgt_ids = []
+        for start in range(0, len(sources), batch_size):
+            idx = list(range(start, min(start + batch_size, len(sources))))
+            batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(translator.device)
+            tgt_ids += [h[0].tokens for h in translator.search(batch.src, DecodeOptions())]
+    else:
+        tgt_ids = translator.tgt_tok.encode(targets)
+    return teacher_forced_views(translator, sources, src_ids, tgt_ids, batch_size)
+
+
+def translation_views(translator, sources: list[str], options: DecodeOptions) -> list[list[AttentionView]]:
+    """Each source's hypotheses as the translator returns them (with nbest > 1, best first), every one with the
+    attention the model computes for it: its ids teacher-forced back (the same maps as step-by-step decoding)."""
+    results = translator.translate(sources, options)
+    hyps = [[t, *t.nbest] for t in results]
+    flat = [(i, h) for i, hs in enumerate(hyps) for h in hs]
+    src_ids = translator.encode_sources(sources)
+    views = teacher_forced_views(translator, [sources[i] for i, _ in flat], [src_ids[i] for i, _ in flat],
+                                 [h.tokens for _, h in flat])
+    grouped: list[list[AttentionView]] = [[] for _ in sources]
+    for (i, h), view in zip(flat, views):
+        view.score, view.norm_score = h.score, h.norm_score
+        grouped[i].append(view)
+    return grouped
+
+
+def teacher_forced_views(translator, sources: list[str], src_ids: list[np.ndarray], tgt_ids: list,
+                         batch_size: int = 32) -> list[AttentionView]:
+    """The maps of `model.attention` for each (source ids, target ids) pair, cut to length and labelled."""
     views: list[AttentionView] = []
     for start in range(0, len(sources), batch_size):
         idx = list(range(start, min(start + batch_size, len(sources))))
-        if targets is None:
-            batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(translator.device)
-            tgt_ids = [np.asarray(h[0].tokens, dtype=np.int64) for h in translator.search(batch.src, DecodeOptions())]
-        else:
-            tgt_ids = [np.asarray(t, dtype=np.int64) for t in translator.tgt_tok.encode([targets[i] for i in idx])]
-        batch = collate([(src_ids[i], t) for i, t in zip(idx, tgt_ids)], idx).to(translator.device)
+        targets = [np.asarray(tgt_ids[i], dtype=np.int64) for i in idx]
+        batch = collate([(src_ids[i], t) for i, t in zip(idx, targets)], idx).to(translator.device)
         with torch.no_grad():
             _, maps = translator.model.attention(batch.src, batch.tgt_in)  # kind -> L x (B, H, T, S)
         maps = {k: [m.float().cpu().numpy() for m in layers] for k, layers in maps.items()
@@ -168,7 +196,7 @@ def seq2seq_views(translator, sources: list[str], targets: list[str] | None = No
         if not maps:
             raise AttnkitError(f"a '{translator.model.kind}' model returns no attention to draw")
         views += [_seq2seq_view(translator, maps, j, sources[i], src_ids[i], t) for j, (i, t) in
-                  enumerate(zip(idx, tgt_ids))]
+                  enumerate(zip(idx, targets))]
     return views
 
 

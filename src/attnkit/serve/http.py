@@ -1,0 +1,146 @@
+"""What the translation and the language-model services share: one-line JSON errors, Prometheus metrics, and the
+gate that lets one request at a time use the model.
+
+Errors are `{"error": "..."}`: 400 for a body that is not JSON, 415 for one sent without a JSON Content-Type
+(FastAPI's guard against cross-site form posts to a local server), 422 for a body of the wrong shape or a value over
+a cap, and whatever status an `ApiError` carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from attnkit.errors import AttnkitError
+from attnkit.serve.metrics import CONTENT_TYPE, ServiceMetrics
+from attnkit.serve.schema import api_words, check_text
+
+log = logging.getLogger("attnkit.serve")
+
+
+class ModelGate:
+    """One model, one call at a time: each call runs in a worker thread (the event loop stays free) while it holds
+    the gate. A caller that gives up (a timeout, a closed connection) does not open the gate early: it opens when
+    the thread is done, so two calls never share the model's threads and caches."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self.waiting = 0
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kw))
+        task.add_done_callback(lambda _: self._lock.release())
+        return await asyncio.shield(task)
+
+
+class ApiError(Exception):
+    """A request the service refuses: answered as `{"error": message}` with `status`."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": _one_line(message)}, status_code=status, headers=headers)
+
+
+def _validation_message(err: dict) -> tuple[int, str]:
+    """FastAPI's list of pydantic errors -> (status, one line naming the field)."""
+    if err.get("type") == "json_invalid":
+        detail = (err.get("ctx") or {}).get("error", "")
+        where = f" at position {err['loc'][1]}" if len(err.get("loc", ())) > 1 else ""
+        return 400, f"malformed JSON body: {detail or err.get('msg')}{where}"
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    msg = re.sub(r"^Value error, ", "", str(err.get("msg", "invalid request")))
+    if not loc and err.get("type") == "missing":
+        return 422, "the request needs a JSON object body"
+    if not loc and isinstance(err.get("input"), bytes):  # FastAPI parses JSON only when the header says so
+        return 415, "send the body as JSON, with the header 'Content-Type: application/json'"
+    if not loc and err.get("type") == "model_attributes_type":
+        return 422, "the request body must be a JSON object"
+    if loc and err.get("type") == "extra_forbidden":
+        return 422, f"unknown field '{'.'.join(loc)}'"
+    return 422, f"field '{'.'.join(loc)}': {msg}" if loc else msg
+
+
+def check_input(text: str, field: str, max_chars: int) -> None:
+    """ApiError 413 for a text over the cap, 422 for one the tokenizer cannot take."""
+    if len(text) > max_chars:
+        raise ApiError(413, f"field '{field}' has {len(text)} characters; the limit is {max_chars}")
+    try:
+        check_text(text, field)
+    except AttnkitError as e:
+        raise ApiError(422, str(e)) from None
+
+
+async def answer(call: Any, timeout: float, what: str) -> Any:
+    """Await `call` (a model call through the gate) within `timeout` s; its failures become ApiErrors: 504 late, 422
+    for what the library refuses, 500 for anything else (the service goes on)."""
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except asyncio.TimeoutError:  # not the builtin before Python 3.11
+        raise ApiError(504, f"{what} took too long: no answer within {timeout:g} s") from None
+    except AttnkitError as e:
+        raise ApiError(422, api_words(str(e))) from None
+    except Exception as e:
+        log.error("%s failed: %s: %s", what, type(e).__name__, e)
+        raise ApiError(500, f"{what} failed: {type(e).__name__}: {e}") from None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        status, message = _validation_message(errors[0]) if errors else (422, "invalid request")
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more)"
+        return _error(status, message)
+
+    @app.exception_handler(ApiError)
+    async def _refused(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, str(exc), exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error: %s: %s", type(exc).__name__, exc)
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+
+_ROUTES = re.compile(r"^/(|translate|explore|generate|health|metrics|docs|openapi\.json)$")
+
+
+def install_metrics(app: FastAPI, metrics: ServiceMetrics) -> None:
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.url.path if _ROUTES.match(request.url.path) else "other"  # bounded label values
+        metrics.observe_request(route, response.status_code, time.perf_counter() - start)
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
