@@ -56,7 +56,8 @@ def served(checkpoint: str | Path, *options: str) -> Iterator[str]:
     try:
         for _ in range(600):
             if proc.poll() is not None:
-                raise RuntimeError(f"attnkit serve exited with {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
+                log = proc.stdout.read().decode()[-2000:]
+                raise RuntimeError(f"attnkit serve exited with {proc.returncode}: {log}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
@@ -145,8 +146,10 @@ class Explorer:
     def summary(self) -> list[dict]:
         """Per query row: {head: (arg-max key, entropy)} with head 'mean' for the mean of heads."""
         return self.js("return [...document.querySelectorAll('#summary tr[data-i]')].map((tr) => {"
-                       "  const a = [...tr.querySelectorAll('td.argmax')], e = [...tr.querySelectorAll('td.entropy')];"
-                       "  return Object.fromEntries(a.map((c, n) => [c.dataset.head, [c.textContent, +e[n].textContent]]));"
+                       "  const a = [...tr.querySelectorAll('td.argmax')];"
+                       "  const e = [...tr.querySelectorAll('td.entropy')];"
+                       "  return Object.fromEntries(a.map((c, n) => "
+                       "    [c.dataset.head, [c.textContent, +e[n].textContent]]));"
                        "})")
 
     def screenshot(self, path: str | Path) -> None:

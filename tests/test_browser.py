@@ -118,7 +118,8 @@ def test_transformer_xl_memory_boundary_and_streamed_generation(driver, family_c
         page.ask(TEXT)
         assert page.el("kind").get_attribute("value") == "self"
         right = page.tokens("right")
-        assert [t for t, _ in right] == view.keys["self"] and [mem for _, mem in right] == [j < m for j in range(len(right))]
+        assert [t for t, _ in right] == view.keys["self"]
+        assert [memory for _, memory in right] == [j < m for j in range(len(right))]
         for layer in range(len(view.maps["self"])):
             page.select("layer", layer)
             assert_lines(page.lines(), view.maps["self"][layer])

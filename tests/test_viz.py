@@ -21,7 +21,6 @@ from attnkit.nn import sinusoid_table
 from attnkit.train.schedules import make_schedule
 from attnkit.train.trainer import Trainer
 from attnkit.viz import (
-    write_explorer,
     plot_attention,
     plot_attention_heads,
     plot_curves,
@@ -29,6 +28,7 @@ from attnkit.viz import (
     plot_schedule,
     plot_softmax,
     softmax_scaling,
+    write_explorer,
 )
 from attnkit.viz.attention import seq2seq_views
 from attnkit.viz.figure import PNG_SIGNATURE

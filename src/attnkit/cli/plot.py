@@ -20,34 +20,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     p = sub.add_parser("plot", help="pictures: attention, decoding, positions, schedule, curves, softmax, report")
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
-    a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
-    add_checkpoint_option(a)
-    a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
-    a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
-    a.add_argument("--layer", default="all", help="layer number counted from 1 (-1 = the last), or all")
-    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "scores", "all"],
-                   help="encoder self, decoder masked self, encoder-decoder (the only kind of RNN models), "
-                        "a language model's self-attention, or all the model has")
-    a.add_argument("--mem-len", type=int,
-                   help="Transformer-XL: how many leading tokens of the text become the memory; the rest is the "
-                        "segment drawn over [memory | segment] (default: the first half)")
-    a.add_argument("--html", action="store_true",
-                   help="the attention explorer instead of PNGs: one self-contained page with bertviz's head and "
-                        "model views, heatmaps and per-token summaries")
-    a.add_argument("--beam", type=int, default=1,
-                   help="with --html and no --tgt: translate with this beam and show each of --nbest hypotheses")
-    a.add_argument("--nbest", type=int, default=1, help="with --html: hypotheses per sentence (at most --beam)")
-    a.add_argument("--bertviz", metavar="FILE.pt",
-                   help="also save the attention as bertviz's input (one file per sentence): "
-                        "head_view(**torch.load(FILE)) or model_view(**torch.load(FILE)) draws it there")
-    a.add_argument("--stats", action="store_true",
-                   help="print per layer the share of target tokens attending near the diagonal (needs --src-file)")
-    a.add_argument("--src-file", help="source sentences, one per line (for --stats or --html)")
-    a.add_argument("--tgt-file", help="their targets (default: greedy translations)")
-    a.add_argument("--out", help="output file (default attention.png / attention.html); with several kinds "
-                                 "the kind is added to the name")
-    add_device_option(a, "cpu")
-    a.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    _add_attention_parser(what)
 
     d = what.add_parser("decoding", help="one sentence decoded step by step (greedy) next to the single "
                                          "teacher-forced pass with its causal mask, and where they differ")
@@ -102,6 +75,38 @@ def add_parsers(sub) -> dict[str, Callable]:
     r.add_argument("--out", help="output file (default: RUN_DIR/report.html)")
     r.add_argument("--force", action="store_true", help="overwrite an existing report")
     return {"plot": cmd_plot}
+
+
+
+def _add_attention_parser(what) -> None:
+    a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
+    add_checkpoint_option(a)
+    a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
+    a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
+    a.add_argument("--layer", default="all", help="layer number counted from 1 (-1 = the last), or all")
+    a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "scores", "all"],
+                   help="encoder self, decoder masked self, encoder-decoder (the only kind of RNN models), "
+                        "a language model's self-attention, or all the model has")
+    a.add_argument("--mem-len", type=int,
+                   help="Transformer-XL: how many leading tokens of the text become the memory; the rest is the "
+                        "segment drawn over [memory | segment] (default: the first half)")
+    a.add_argument("--html", action="store_true",
+                   help="the attention explorer instead of PNGs: one self-contained page with bertviz's head and "
+                        "model views, heatmaps and per-token summaries")
+    a.add_argument("--beam", type=int, default=1,
+                   help="with --html and no --tgt: translate with this beam and show each of --nbest hypotheses")
+    a.add_argument("--nbest", type=int, default=1, help="with --html: hypotheses per sentence (at most --beam)")
+    a.add_argument("--bertviz", metavar="FILE.pt",
+                   help="also save the attention as bertviz's input (one file per sentence): "
+                        "head_view(**torch.load(FILE)) or model_view(**torch.load(FILE)) draws it there")
+    a.add_argument("--stats", action="store_true",
+                   help="print per layer the share of target tokens attending near the diagonal (needs --src-file)")
+    a.add_argument("--src-file", help="source sentences, one per line (for --stats or --html)")
+    a.add_argument("--tgt-file", help="their targets (default: greedy translations)")
+    a.add_argument("--out", help="output file (default attention.png / attention.html); with several kinds "
+                                 "the kind is added to the name")
+    add_device_option(a, "cpu")
+    a.add_argument("--force", action="store_true", help="overwrite existing outputs")
 
 
 def _out(p: argparse.ArgumentParser, default: str) -> None:

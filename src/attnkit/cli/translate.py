@@ -54,7 +54,8 @@ def add_parsers(sub) -> dict[str, Callable]:
     sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
     add_device_option(sc)
 
-    sv = sub.add_parser("serve", help="an HTTP JSON translation service (FastAPI + uvicorn; extra 'serve')")
+    sv = sub.add_parser("serve", help="an HTTP service: translation (JSON) or a language model (streamed samples), "
+                                      "with the attention explorer at / (FastAPI + uvicorn; extra 'serve')")
     sv.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")

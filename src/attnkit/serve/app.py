@@ -1,4 +1,5 @@
-"""An HTTP translation service: `POST /translate` in, translations with scores out.
+"""An HTTP translation service: `POST /translate` in, translations with scores out; `GET /` the attention explorer,
+which asks `POST /explore` for a sentence's hypotheses and their attention. (Language models: lm_app.py.)
 
 Requests are checked against the server's caps (`Limits`) and their text validated before they join a
 batch (schema.py); a bounded queue and one worker translate them in batches (batcher.py); operators read
@@ -180,7 +181,8 @@ def _load_app(checkpoint: str, device: str, quantize: str | None, app_kw: dict) 
     if family(kind, f"{checkpoint}: model kind").task != "lm":
         return create_app(Translator.from_checkpoint(checkpoint, device, quantize=quantize), **app_kw)
     if quantize not in (None, "none"):
-        raise ConfigError(f"--quantize {quantize} is for translation models; {checkpoint} holds a {kind} language model")
+        raise ConfigError(f"--quantize {quantize} is for translation models; {checkpoint} holds a {kind} "
+                          "language model")
     from attnkit.serve.lm_app import create_lm_app
 
     lm_kw = {k: v for k, v in app_kw.items() if k == "request_timeout_s" or k in Limits.__dataclass_fields__}

@@ -43,7 +43,8 @@ def create_lm_app(model: Any, vocab: Any, cfg: LMRunConfig, *, request_timeout_s
     metrics = ServiceMetrics(lambda: gate.waiting)
     device = next(model.parameters()).device
     app = FastAPI(title="attnkit", version=__version__,
-                  description="Sample from and look inside an attnkit language model. Errors are `{\"error\": \"...\"}`.")
+                  description="Sample from and look inside an attnkit language model. "
+                              "Errors are `{\"error\": \"...\"}`.")
     install_error_handlers(app)
     install_metrics(app, metrics)
     errors = {code: {"model": ErrorOut} for code in (400, 413, 415, 422, 500, 504)}

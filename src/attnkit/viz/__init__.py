@@ -3,8 +3,8 @@ positional encodings, schedules, training curves, the softmax-scaling argument a
 
 from attnkit.viz.attention import AttentionView, load_views, plot_attention, plot_attention_heads
 from attnkit.viz.curves import plot_curves, plot_schedule, read_metrics
-from attnkit.viz.figure import Plot
 from attnkit.viz.explorer import save_bertviz, write_explorer
+from attnkit.viz.figure import Plot
 from attnkit.viz.positions import plot_positions
 from attnkit.viz.report import write_report
 from attnkit.viz.softmax import plot_softmax, softmax_scaling

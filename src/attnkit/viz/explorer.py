@@ -96,7 +96,8 @@ def bertviz_inputs(view: AttentionView) -> dict[str, Any]:
         out["encoder_tokens"] = list(view.keys["cross"])
     elif "encoder" in view.maps:
         out["encoder_tokens"] = list(view.keys["encoder"])
-    out["decoder_tokens"] = list(view.keys["decoder"]) if "decoder" in view.maps else ["<s>", *view.queries["cross"][:-1]]
+    inputs = view.keys["decoder"] if "decoder" in view.maps else ["<s>", *view.queries["cross"][:-1]]  # BOS + output
+    out["decoder_tokens"] = list(inputs)
     return out
 
 
