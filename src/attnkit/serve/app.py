@@ -43,7 +43,6 @@ from attnkit.serve.schema import (
     TranslateRequest,
     TranslateResponse,
     TranslationOut,
-    api_words,
 )
 from attnkit.viz.attention import translation_views
 from attnkit.viz.explorer import explorer_data, explorer_page
@@ -104,17 +103,12 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
     @app.post("/translate", responses=errors)
     async def translate(req: TranslateRequest) -> TranslateResponse:
         sentences, options = _checked(req, caps)
-        try:
-            results = await batcher.submit(sentences, options, req.alignment, timeout=request_timeout_s)
-        except Busy as e:
+        try:  # the batch's own timeout drops a late job from the queue
+            results = await answer(batcher.submit(sentences, options, req.alignment, timeout=request_timeout_s),
+                                   "translation")
+        except Busy:
             metrics.rejected.labels("queue_full").inc()
-            raise ApiError(503, str(e), {"Retry-After": str(e.retry_after)}) from None
-        except TimeoutError as e:
-            raise ApiError(504, f"translation took too long: {e}") from None
-        except AttnkitError as e:
-            raise ApiError(422, api_words(str(e))) from None
-        except Exception as e:
-            raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+            raise
         return TranslateResponse(translations=[TranslationOut.of(t, req.alignment) for t in results])
 
     page = explorer_page(f"attnkit: {model_kind}", live={"task": "translation", "max_beam": caps.max_beam})
@@ -133,8 +127,8 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
             options = req.options(caps)
         except AttnkitError as e:
             raise ApiError(422, str(e)) from None
-        items = await answer(batcher.gate.run(translation_views, translator, [req.text], options), request_timeout_s,
-                             "translation")
+        items = await answer(batcher.gate.run(translation_views, translator, [req.text], options), "translation",
+                             request_timeout_s)
         return explorer_data(items, title=f"attnkit: {model_kind}", model=model_kind, task="translation")
 
     return app

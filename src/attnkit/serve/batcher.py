@@ -30,16 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attnkit.decode.translator import DecodeOptions, Translation, Translator
-from attnkit.serve.http import ModelGate
+from attnkit.serve.http import ApiError, ModelGate
 
 log = logging.getLogger("attnkit.serve")
 
 
-class Busy(Exception):
-    """The queue is full; `retry_after` is the seconds until it has likely drained."""
+class Busy(ApiError):
+    """The queue is full (503); `retry_after` is the seconds until it has likely drained."""
 
     def __init__(self, retry_after: int):
-        super().__init__(f"the server is busy; retry in {retry_after} s")
+        super().__init__(503, f"the server is busy; retry in {retry_after} s", {"Retry-After": str(retry_after)})
         self.retry_after = retry_after
 
 

@@ -92,13 +92,16 @@ def check_input(text: str, field: str, max_chars: int) -> None:
         raise ApiError(422, str(e)) from None
 
 
-async def answer(call: Any, timeout: float, what: str) -> Any:
-    """Await `call` (a model call through the gate) within `timeout` s; its failures become ApiErrors: 504 late, 422
-    for what the library refuses, 500 for anything else (the service goes on)."""
+async def answer(call: Any, what: str, timeout: float | None = None) -> Any:
+    """Await `call` (model work: a batch's future, or a call through the gate), within `timeout` s if given; its
+    failures become ApiErrors: 504 late, 422 for what the library refuses, 500 for anything else (the service goes
+    on). An ApiError it raises (a full queue: 503) passes unchanged."""
     try:
-        return await asyncio.wait_for(call, timeout)
-    except asyncio.TimeoutError:  # not the builtin before Python 3.11
-        raise ApiError(504, f"{what} took too long: no answer within {timeout:g} s") from None
+        return await (asyncio.wait_for(call, timeout) if timeout else call)
+    except ApiError:
+        raise
+    except asyncio.TimeoutError as e:  # not the builtin before Python 3.11
+        raise ApiError(504, f"{what} took too long: {e or f'no answer within {timeout:g} s'}") from None
     except AttnkitError as e:
         raise ApiError(422, api_words(str(e))) from None
     except Exception as e:

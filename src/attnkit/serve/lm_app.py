@@ -67,7 +67,7 @@ def create_lm_app(model: Any, vocab: Any, cfg: LMRunConfig, *, request_timeout_s
         check_input(req.text, "text", caps.max_chars)
         if req.beam > 1 or req.nbest > 1:
             raise ApiError(422, "field 'beam': a language model reads its text; beam and nbest are for translation")
-        views = await answer(gate.run(_read, model, vocab, cfg, req.text), request_timeout_s, "reading")
+        views = await answer(gate.run(_read, model, vocab, cfg, req.text), "reading", request_timeout_s)
         return explorer_data([[v] for v in views], title=title, model=model.kind, task="lm")
 
     @app.post("/generate", responses=errors)
