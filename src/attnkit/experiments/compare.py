@@ -182,6 +182,7 @@ def plot_compare(results: Sequence[ModelResult], path: Path, title: str = "same 
                   fontsize=8)
     ax.set_ylabel("sacreBLEU")
     ax.set_title(title)
+    ax.margins(y=0.2)  # room above the bars for the legend
     ax.legend(fontsize=8)
     finish(fig, {}, path, dpi=110)
 
