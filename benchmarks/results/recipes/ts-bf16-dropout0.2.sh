@@ -1,5 +1,5 @@
 #!/bin/bash
-cd /work/main
+cd "$(dirname "$0")/../../.."  # the repository root: the runs go to runs/, as they did
 s=$(date +%s)
 attnkit lm train --config lm-char-small --data runs/ablation-ts/data --out runs/ts-trial1 --quiet \
   --train.dtype=bfloat16 --model.dropout=0.2 --train.horizon=time --train.max_steps=100000

@@ -1,5 +1,5 @@
 #!/bin/bash
-cd /work/main
+cd "$(dirname "$0")/../../.."  # the repository root: the runs go to runs/, as they did
 s=$(date +%s)
 attnkit lm train --config lm-char-small-lstm --data runs/ablation-ts/data --out runs/ts-lstm20 --quiet \
   --train.max_minutes=20 --train.horizon=time --train.max_steps=1000000
