@@ -94,7 +94,7 @@ def family_checkpoints(tmp_path_factory, data_dir) -> dict[str, Path]:
         out[kind] = root / kind / "checkpoints" / "best.safetensors"
     (root / "text.txt").write_text(LM_TEXT * 4, encoding="utf-8")
     prepare_lm(root / "lmdata", root / "text.txt", level="char", valid_fraction=0.2)
-    for kind, preset in (("transformer-xl", "lm-char-small"), ("vanilla-lm", "lm-char-small-vanilla")):
+    for kind, preset in (("transformer-xl", "lm-char-small-xl"), ("vanilla-lm", "lm-char-small-vanilla")):
         cfg = cfgmod.resolve([preset], LM_TINY, cls=cfgmod.LMRunConfig)
         LMTrainer(cfg, root / "lmdata", root / kind, progress=False).fit()
         out[kind] = root / kind / "checkpoints" / "best.safetensors"

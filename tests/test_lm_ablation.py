@@ -17,6 +17,7 @@ from attnkit.cli.main import main
 from attnkit.config import RNNLMConfig, TransformerXLConfig
 from attnkit.data.lm import load_lm_corpus
 from attnkit.eval.lm import evaluate_segments
+from attnkit.experiments.lm_ablation import default_presets
 from attnkit.models import build_model
 from attnkit.nn import causal_mask
 
@@ -113,6 +114,9 @@ def test_per_token_losses_line_up_with_the_total():
 def test_lm_run_configs_name_the_lm_families():
     cfg = cfgmod.resolve(["lm-char-small-lstm"])
     assert isinstance(cfg, cfgmod.LMRunConfig) and isinstance(cfg.model, RNNLMConfig)
+    for level in ("char", "word"):  # the default models: the XL, then each ablation's kind, every preset resolvable
+        kinds = [cfgmod.resolve([name]).model.kind for name in default_presets(level)]
+        assert kinds == ["transformer-xl", "transformer-xl", "recurrent-vanilla-lm", "vanilla-lm", "lstm-lm"]
     with pytest.raises(cfgmod.ConfigError, match="not a language model"):
         cfgmod.resolve([], ["model.kind=transformer"], cls=cfgmod.LMRunConfig)
     with pytest.raises(cfgmod.ConfigError, match="model.kind must be one of"):
@@ -143,7 +147,7 @@ def ablation(tmp_path_factory, corpora):
     for suffix in ("", "-no-recurrence", "-absolute", "-vanilla", "-lstm"):  # the presets, at a tiny size
         overrides = "" if suffix == "-lstm" else "  n_heads: 2\n  d_ff: 32\n  n_layers: 1\n"
         path = out.parent / f"m{suffix or '-xl'}.yaml"
-        path.write_text(f"base: lm-char-small{suffix}\nmodel:\n{overrides or '  n_layers: 1'}\n")
+        path.write_text(f"base: lm-char-small{suffix or '-xl'}\nmodel:\n{overrides or '  n_layers: 1'}\n")
         models.append(str(path))
     argv = ["experiment", "lm-ablation", "--data", "tiny-shakespeare", "--corpora", str(corpora), "--out", str(out),
             "--models", *models, "--minutes-per-model", "5", "--lengths", "8", "16", "32", "--segment", "8",

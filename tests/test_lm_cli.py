@@ -70,7 +70,7 @@ def test_prepare_char_and_word_levels(tmp_path, text_file, char_data):
 def test_lm_verbs_end_to_end(capsys, tmp_path, char_data):
     run_dir = tmp_path / "xl"
     code, out, err = run(capsys, "lm", "train", "--data", char_data, "--out", run_dir, "--quiet",
-                         "--train.max_steps=6", *TINY)
+                         "--config", "lm-char-small-xl", "--train.max_steps=6", *TINY)
     assert code == 0, err
     assert "loss" in out and (run_dir / "checkpoints" / "best.safetensors").exists()
     assert "kind: transformer-xl" in (run_dir / "config.yaml").read_text()
@@ -91,7 +91,8 @@ def test_lm_verbs_end_to_end(capsys, tmp_path, char_data):
     assert "resuming at step 6" in (run_dir / "train.log").read_text()
     assert "d_model: 16" in (run_dir / "config.yaml").read_text()
     # a run folder is never overwritten by accident
-    code, _, err = run(capsys, "lm", "train", "--data", char_data, "--out", run_dir, "--quiet", *TINY)
+    code, _, err = run(capsys, "lm", "train", "--data", char_data, "--out", run_dir, "--quiet",
+                       "--config", "lm-char-small-xl", *TINY)
     assert code == 2 and "--resume" in err
 
 
@@ -106,8 +107,28 @@ def test_vanilla_eval_with_sliding_window(capsys, tmp_path, char_data):
     assert "vanilla-lm" in out and "sliding window of 8" in out and "40 tokens" in out
 
 
+def test_the_default_preset_trains_an_lstm_and_eval_adds_a_cache_chosen_on_valid(capsys, tmp_path, char_data):
+    run_dir = tmp_path / "lstm"
+    code, out, err = run(capsys, "lm", "train", "--data", char_data, "--out", run_dir, "--quiet",
+                         "--train.max_minutes=0", "--train.horizon=steps", "--train.max_steps=4",
+                         *(o for o in TINY if "n_heads" not in o and "d_ff" not in o))
+    assert code == 0, err
+    assert "kind: lstm-lm" in (run_dir / "config.yaml").read_text()
+    ckpt = run_dir / "checkpoints" / "last.safetensors"
+    code, out, err = run(capsys, "lm", "eval", "--checkpoint", ckpt, "--data", char_data, "--cache", "16",
+                         "--device", "cpu")
+    assert code == 0, err
+    static, cached = out.strip().splitlines()
+    assert "lstm-lm on valid, segments of" in static and "with a cache of 16 states" in cached
+    assert "chosen on valid" in cached
+    code, _, err = run(capsys, "lm", "eval", "--checkpoint", ckpt, "--data", char_data, "--cache", "16",
+                       "--cache-theta", "0.1")
+    assert code == 2 and "--cache-lambda" in err
+
+
 def test_bad_input_is_one_line(capsys, tmp_path, char_data):
-    code, _, err = run(capsys, "lm", "train", "--data", tmp_path / "nothing", "--out", tmp_path / "r", *TINY)
+    code, _, err = run(capsys, "lm", "train", "--data", tmp_path / "nothing", "--out", tmp_path / "r",
+                       "--config", "lm-char-small-xl", *TINY)
     assert code == 2 and err.startswith("attnkit: error:") and "lm prepare" in err
     code, _, err = run(capsys, "lm", "train", "--data", char_data, "--out", tmp_path / "r", "--model.kind=lstm")
     assert code == 2 and "model.kind" in err

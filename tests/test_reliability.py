@@ -131,9 +131,9 @@ def test_the_language_model_trainer_stops_on_a_signal_too(tmp_path, monkeypatch)
     text.write_text("the cat sat on the mat.\n" * 40)
     assert main(["lm", "prepare", "--train", text, "--valid-fraction", "0.1", "--level", "char",
                  "--out", tmp_path / "data"]) == 0
-    cfg = cfgmod.resolve(["lm-char-small"], ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1",
-                                             "train.tgt_len=8", "train.mem_len=8", "train.batch_size=4",
-                                             "train.max_steps=20", "train.device=cpu"])
+    cfg = cfgmod.resolve(["lm-char-small-xl"], ["model.d_model=16", "model.n_heads=2", "model.d_ff=32",
+                                                "model.n_layers=1", "train.tgt_len=8", "train.mem_len=8",
+                                                "train.batch_size=4", "train.max_steps=20", "train.device=cpu"])
     trainer = LMTrainer(cfg, tmp_path / "data", tmp_path / "run", progress=False)
     step = trainer.train_step
 

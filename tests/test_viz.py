@@ -442,7 +442,7 @@ def lm_runs(tmp_path_factory, lm_data) -> dict[str, Path]:
     from attnkit.train.lm_trainer import LMTrainer
 
     runs = {}
-    for kind, preset in (("transformer-xl", "lm-char-small"), ("vanilla-lm", "lm-char-small-vanilla")):
+    for kind, preset in (("transformer-xl", "lm-char-small-xl"), ("vanilla-lm", "lm-char-small-vanilla")):
         cfg = cfgmod.resolve([preset], LM_TINY, cls=cfgmod.LMRunConfig)
         runs[kind] = tmp_path_factory.mktemp("lmrun") / kind
         LMTrainer(cfg, lm_data, runs[kind], progress=False).fit()

@@ -350,6 +350,7 @@ class LMTrainConfig(Optimisation):
     # extended context (the XL reference's ext_len): the last ext_len tokens of each segment are read again,
     # not predicted, at the start of the next one (training and evaluation); the memory ends before them
     ext_len: int = 0
+    eval_cache: int = 0  # `attnkit lm eval`'s continuous cache of hidden states (Grave et al. 2017); 0 = none
     batch_size: int = 32  # parallel streams
     eval_batch_size: int = 8
     eval_interval: int = 200  # updates between validation passes (and `last` checkpoints)
@@ -359,8 +360,10 @@ class LMTrainConfig(Optimisation):
         super().__post_init__()
         if min(self.tgt_len, self.batch_size, self.eval_batch_size, self.eval_interval) <= 0:
             raise ConfigError("train.tgt_len, batch_size, eval_batch_size, eval_interval must be positive")
-        if min(self.mem_len, self.clamp_len, self.eval_tgt_len, self.ext_len) < 0 or self.eval_mem_len < -1:
-            raise ConfigError("train.mem_len, clamp_len, eval_tgt_len, ext_len must be >= 0 (eval_mem_len >= -1)")
+        if min(self.mem_len, self.clamp_len, self.eval_tgt_len, self.ext_len, self.eval_cache) < 0 or \
+                self.eval_mem_len < -1:
+            raise ConfigError("train.mem_len, clamp_len, eval_tgt_len, ext_len, eval_cache must be >= 0 "
+                              "(eval_mem_len >= -1)")
 
     @property
     def eval_lengths(self) -> tuple[int, int]:

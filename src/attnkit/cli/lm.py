@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from attnkit.cli.options import (
     add_checkpoint_option,
@@ -25,6 +26,9 @@ from attnkit.cli.options import (
     add_train_options,
 )
 from attnkit.errors import AttnkitError
+
+if TYPE_CHECKING:
+    from attnkit.eval.lm import LMScores
 
 DEFAULT_PRESET = "lm-char-small"
 
@@ -60,6 +64,11 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.add_argument("--sliding-window", type=int, default=0, metavar="W",
                    help="also score with the Al-Rfou sliding window of W tokens (one prediction per window)")
     e.add_argument("--max-tokens", type=int, default=0, help="score only the first N tokens (0 = all)")
+    e.add_argument("--cache", type=int, metavar="N",
+                   help="also score with a continuous cache of the last N hidden states (Grave et al. 2017), its "
+                        "theta and lambda chosen on the valid split (default: the run's train.eval_cache; 0 = none)")
+    e.add_argument("--cache-theta", type=float, help="the cache's theta instead of choosing it on valid")
+    e.add_argument("--cache-lambda", type=float, help="the cache's lambda instead of choosing it on valid")
     add_device_option(e)
 
     g = verbs.add_parser("generate", help="sample text, carrying the XL memory forward one token per step")
@@ -138,15 +147,42 @@ def cmd_eval(args, overrides: list[str]) -> None:
     tgt_len = args.tgt_len or tgt_len
     mem_len = mem_len if args.mem_len is None else args.mem_len
     clamp_len = t.clamp_len if args.clamp_len is None else args.clamp_len
-    scores = evaluate_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, ext_len=t.ext_len,
-                               batch_size=args.batch_size, max_tokens=args.max_tokens, device=device)
+    cache = t.eval_cache if args.cache is None else args.cache
+    lengths = dict(tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, ext_len=t.ext_len,
+                   batch_size=args.batch_size, max_tokens=args.max_tokens, device=device)
+    scores, cached = eval_with_cache(args, model, corpus, cache, lengths) if cache else \
+        (evaluate_segments(model, ids, **lengths), "")
     memory = f", mem_len {mem_len}, clamp_len {clamp_len}" if model.attends_to_memory else ""
     memory += f", ext_len {t.ext_len}" if t.ext_len else ""
     print(f"{model.kind} on {args.split}, segments of {tgt_len}{memory}: {scores.summary()}")
+    if cached:
+        print(cached)
     if args.sliding_window:
         window = evaluate_sliding_window(model, ids, window=args.sliding_window, max_tokens=args.max_tokens,
                                          device=device)
         print(f"{model.kind} on {args.split}, sliding window of {args.sliding_window}: {window.summary()}")
+
+
+def eval_with_cache(args, model, corpus, size: int, lengths: dict) -> tuple[LMScores, str]:
+    """The --split scored without and with a cache of `size` states, its (theta, lambda) given or chosen on the
+    valid split: (the model's scores, a line for the cache)."""
+    from attnkit.eval.cache import evaluate_cache
+
+    theta, lam, chosen = args.cache_theta, args.cache_lambda, ""
+    if (theta is None) != (lam is None):
+        raise AttnkitError("lm eval: give both --cache-theta and --cache-lambda, or neither (both chosen on valid)")
+    if theta is None:
+        if "valid" not in corpus.splits:
+            raise AttnkitError(f"{args.data} has no valid split to choose the cache's theta and lambda on: give "
+                               "--cache-theta and --cache-lambda")
+        sweep = evaluate_cache(model, corpus.splits["valid"], size=size, **lengths)
+        theta, lam = sweep.best()
+        chosen = (f"; theta, lambda chosen on valid (ppl {sweep.static.ppl:.2f} without the cache, "
+                  f"{sweep.scores(theta, lam).ppl:.2f} with it)")
+    if args.split != "valid" or not chosen:
+        sweep = evaluate_cache(model, corpus.splits[args.split], size=size, thetas=[theta], lambdas=[lam], **lengths)
+    return sweep.static, (f"{model.kind} on {args.split} with a cache of {size} states (theta {theta}, lambda "
+                          f"{lam}): {sweep.scores(theta, lam).summary()}{chosen}")
 
 
 def cmd_generate(args, overrides: list[str]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +63,19 @@ class LMScores:
                 f"{self.tokens:,} tokens | {self.tok_s:,.0f} tok/s")
 
 
+def scored_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
+                    ext_len: int = 0, batch_size: int = 1, device: torch.device | str = "cpu",
+                    dtype: str = "float32") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(token NLL (B, T), targets (B, T)) of each segment of ids (N,) read as B ordered streams, in order, the
+    memory carried from one segment to the next (call it under no_grad, the model in eval mode)."""
+    device, mems = torch.device(device), None
+    for x, y in LMStreams(ids, batch_size, tgt_len, ext_len):
+        with autocast(device, dtype):
+            token, mems = model(x.to(device), mems, targets=y.to(device), mem_len=mem_len, clamp_len=clamp_len,
+                                ext_len=ext_len)
+        yield token, y
+
+
 @torch.no_grad()
 @prepacked()
 def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
@@ -71,14 +85,11 @@ def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 
     each segment also reads the ext_len tokens before it (extended context, not scored). With mem_len 0 and
     ext_len E, every segment re-reads the E tokens before it as plain context and nothing is carried: the
     attention length of a model without memory is E + T. `keep_tokens`: also every token's NLL (`token_nll`)."""
-    device = torch.device(device)
     model.eval()
-    streams, mems, nll, n, kept = LMStreams(ids, batch_size, tgt_len, ext_len), None, 0.0, 0, []
+    nll, n, kept = 0.0, 0, []
     start = time.perf_counter()
-    for x, y in streams:
-        with autocast(device, dtype):
-            token, mems = model(x.to(device), mems, targets=y.to(device), mem_len=mem_len, clamp_len=clamp_len,
-                                ext_len=ext_len)
+    for token, y in scored_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                                    ext_len=ext_len, batch_size=batch_size, device=device, dtype=dtype):
         nll, n = nll + token.sum().item(), n + y.numel()  # token: (B, T) NLL
         if keep_tokens:
             kept.append(token.float().cpu())

@@ -2,11 +2,12 @@
 relative effective context length of the group (RECL, table 8), on one corpus and one wall-clock budget per model.
 
 Five models by default, each a preset (`attnkit presets` describes them), at the size of the corpus's Transformer-XL
-preset and with the same attention length in training (segment 64 + memory 64, or segments of 128):
+(`lm-word-wt2`, `lm-char-small-xl`) and with the same attention length in training (segment 64 + memory 64, or
+segments of 128); the others are named by the family and a suffix (`lm-word-wt2-lstm`, `lm-char-small-lstm`):
 
 | preset suffix      | kind                  | positions                       | recurrence        |
 |--------------------|-----------------------|---------------------------------|-------------------|
-| (none)             | transformer-xl        | relative                        | memory            |
+| (the XL's name)    | transformer-xl        | relative                        | memory            |
 | -no-recurrence     | transformer-xl        | relative                        | none (mem_len 0)  |
 | -absolute          | recurrent-vanilla-lm  | absolute, within each segment   | memory            |
 | -vanilla           | vanilla-lm            | absolute                        | none              |
@@ -47,37 +48,40 @@ from attnkit.io import atomic_write_json
 from attnkit.runtime import resolve_device
 from attnkit.viz.figure import finish, subplots
 
-ABLATION_SUFFIXES = ("", "-no-recurrence", "-absolute", "-vanilla", "-lstm")
+ABLATION_SUFFIXES = ("-no-recurrence", "-absolute", "-vanilla", "-lstm")  # after the Transformer-XL's own name
 FINISHED = "finished.json"
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A corpus of ../shared/data: its files, level, the base preset of its models and default attention lengths."""
+    """A corpus of ../shared/data: its files, level, its models' Transformer-XL and family (the name the other presets
+    extend with a suffix) and default attention lengths."""
 
     level: str
     train: str
     valid: str | None
     test: str | None
     valid_fraction: float
-    base_preset: str
+    xl_preset: str
+    family: str
     lengths: tuple[int, ...]
 
 
 CORPORA = {
     "wikitext-2": Corpus("word", "wikitext-2/wiki.train.tokens.gz", "wikitext-2/wiki.valid.tokens.gz",
-                         "wikitext-2/wiki.test.tokens.gz", 0.0, "lm-word-wt2", (64, 128, 256, 512)),
-    "tiny-shakespeare": Corpus("char", "tiny_shakespeare/input.txt.gz", None, None, 0.1, "lm-char-small",
-                               (128, 256, 512, 1024)),
+                         "wikitext-2/wiki.test.tokens.gz", 0.0, "lm-word-wt2", "lm-word-wt2",
+                         (64, 128, 256, 512)),
+    "tiny-shakespeare": Corpus("char", "tiny_shakespeare/input.txt.gz", None, None, 0.1, "lm-char-small-xl",
+                               "lm-char-small", (128, 256, 512, 1024)),
 }
 
 
 def default_presets(level: str) -> list[str]:
     """The five ablation presets of a word- or character-level corpus."""
-    base = next((c.base_preset for c in CORPORA.values() if c.level == level), None)
-    if base is None:
+    corpus = next((c for c in CORPORA.values() if c.level == level), None)
+    if corpus is None:
         raise AttnkitError(f"lm-ablation has no default models for a {level}-level corpus: name them with --models")
-    return [base + suffix for suffix in ABLATION_SUFFIXES]
+    return [corpus.xl_preset] + [corpus.family + suffix for suffix in ABLATION_SUFFIXES]
 
 
 def prepare_data(data: str, out_dir: Path, corpora_dir: Path, say: Callable[[str], None] = print) -> Path:
