@@ -11,7 +11,7 @@ import torch
 
 from attnkit.data import BOS_ID, EOS_ID, PAD_ID
 from attnkit.decode import beam_search, greedy_search, sample, score_targets
-from attnkit.decode.search import row_argmax, row_topk
+from attnkit.decode.search import filter_logits, row_argmax, row_topk
 from attnkit.models import Transformer
 from conftest import tiny_model_config
 
@@ -281,3 +281,14 @@ def test_step_log_probs_in_place_equal_log_softmax(shape):
     assert step_log_probs(half).dtype == torch.float32 and half.dtype == torch.bfloat16  # normalised in float32
     leaf = torch.randn(shape, requires_grad=True)
     torch.testing.assert_close(step_log_probs(leaf * 1.0), leaf.log_softmax(-1))  # recorded: not overwritten
+
+
+@pytest.mark.parametrize("top_p", [1e-75, 0.3, 0.6, 0.95])
+def test_nucleus_keeps_the_smallest_set_reaching_top_p_and_never_nothing(top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 4  # peaked rows: the first token's rounding error once dropped it at tiny top_p
+    kept = filter_logits(logits, top_p=top_p).isfinite()
+    for row, keep in zip(logits.softmax(-1), kept):
+        probs = row.sort(descending=True).values
+        need = int((probs.cumsum(0) < top_p).sum()) + 1  # the smallest prefix whose mass reaches top_p
+        assert keep.sum().item() == min(need, 50) and keep[row.argmax()]

@@ -137,6 +137,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        drop[:, 0] = False  # the most likely token always stays (a top_p below float32's range would drop it)
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     return logits
 
