@@ -164,11 +164,12 @@ def test_speed_table_and_verb(capsys):
     rows = speed_table(cfg, (8, 16), runs=1)
     assert [(r.attn_len, r.segment, r.memory) for r in rows] == [(8, 2, 6), (16, 4, 12)]
     assert all(r.vanilla_ms > 0 and r.xl_ms > 0 and r.ratio == r.vanilla_ms / r.xl_ms for r in rows)
+    assert 0 < rows[0].peak_mb <= rows[1].peak_mb  # on a CPU: the process's peak RSS after each length
     assert format_speed_table(rows).count("\n") == 3
     code, out, err = run(capsys, "lm", "speed", "--lengths", "8", "16", "--runs", "1", "--model.d_model=16",
                          "--model.n_heads=2", "--model.d_ff=32", "--model.n_layers=1")
     assert code == 0, err
-    assert "| 16 | 4 + 12 |" in out
+    assert "| 16 | 4 + 12 |" in out and "peak memory (MB) |" in out
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "tiny_shakespeare" / "input.txt.gz").exists(), reason="no shared data")

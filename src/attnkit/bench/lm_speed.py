@@ -2,6 +2,10 @@
 (`attnkit lm speed`; the Transformer-XL paper's table 9).
 
 W attention length, T XL segment, M XL memory.
+
+Peak memory beside each length: on CUDA the most the two models allocated at that length (the counter reset before
+it); on a CPU the process's peak resident memory after it (lengths are measured in ascending order, so a row's
+growth over the one before is what that length needed beyond the others).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.bench.measure import timed
+from attnkit.bench.measure import peak_rss_mb, timed
 from attnkit.config import TransformerXLConfig, replace
 from attnkit.models import build_model
 
@@ -22,6 +26,7 @@ class SpeedRow:
     memory: int  # XL memory M
     vanilla_ms: float  # per token, sliding window of W
     xl_ms: float  # per token, segment T over memory M
+    peak_mb: float  # see the module's docstring
 
     @property
     def ratio(self) -> float:
@@ -44,7 +49,9 @@ def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 25
     vanilla = build_model("vanilla-lm", replace(config, kind="vanilla-lm")).to(device).eval()
     xl = build_model("transformer-xl", replace(config, kind="transformer-xl")).to(device).eval()
     rows = []
-    for w in lengths:
+    for w in sorted(lengths):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         t = max(1, int(w * segment_fraction))
         m = w - t
         window = torch.randint(config.vocab_size, (1, w), device=device)
@@ -53,13 +60,14 @@ def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 25
         # the memory as streaming evaluation carries it: the states and their keys/values of M positions
         _, mems = xl(torch.randint(config.vocab_size, (1, m), device=device), mem_len=m)
         xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs)
-        rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t))
+        peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb()
+        rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t, peak))
     return rows
 
 
 def format_speed_table(rows: list[SpeedRow]) -> str:
-    lines = ["| attention length | XL segment + memory | vanilla ms/token | XL ms/token | speed-up |",
-             "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.attn_len} | {r.segment} + {r.memory} | {r.vanilla_ms:.3f} | {r.xl_ms:.4f} | {r.ratio:.1f}x |"
-              for r in rows]
+    lines = ["| attention length | XL segment + memory | vanilla ms/token | XL ms/token | speed-up "
+             "| peak memory (MB) |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.attn_len} | {r.segment} + {r.memory} | {r.vanilla_ms:.3f} | {r.xl_ms:.4f} | {r.ratio:.1f}x "
+              f"| {r.peak_mb:,.0f} |" for r in rows]
     return "\n".join(lines)

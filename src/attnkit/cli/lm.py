@@ -211,7 +211,8 @@ def cmd_speed(args, overrides: list[str]) -> None:
     rows = speed_table(cfg.model, tuple(args.lengths), runs=args.runs, device=args.device)
     if args.vanilla_tokens and args.vanilla_tokens != args.runs:  # speed_table times both with one count
         vanilla = speed_table(cfg.model, tuple(args.lengths), runs=args.vanilla_tokens, device=args.device)
-        rows = [replace(row, vanilla_ms=v.vanilla_ms) for row, v in zip(rows, vanilla)]
+        rows = [replace(row, vanilla_ms=v.vanilla_ms, peak_mb=max(row.peak_mb, v.peak_mb))
+                for row, v in zip(rows, vanilla)]
     tokens = f"vanilla over {args.vanilla_tokens or args.runs} tokens, XL over {args.runs} segments"
     print(f"evaluation time per token, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
           f"{torch.get_num_threads()} threads, {args.device}; {tokens} per length (medians)")
