@@ -61,11 +61,11 @@ class StreamCache:
         return torch.stack(out)
 
 
-def mix(model_logp: torch.Tensor, cache_logp: torch.Tensor, lam: float) -> torch.Tensor:
-    """log((1 - lambda) p_model + lambda p_cache), elementwise from log-probabilities."""
-    if lam <= 0:
-        return model_logp
-    return torch.logaddexp(math.log1p(-lam) + model_logp, math.log(lam) + cache_logp)
+def mix(model_logp: torch.Tensor, cache_logp: torch.Tensor, lam: float | torch.Tensor) -> torch.Tensor:
+    """log((1 - lambda) p_model + lambda p_cache), elementwise from log-probabilities (lambda broadcasts; 0 gives
+    the model's own, since log 0 = -inf drops the cache's term)."""
+    lam = torch.as_tensor(lam, dtype=model_logp.dtype, device=model_logp.device)
+    return torch.logaddexp(torch.log1p(-lam) + model_logp, lam.log() + cache_logp)
 
 
 @dataclass
@@ -94,7 +94,8 @@ def evaluate_cache(model, ids: torch.Tensor, *, size: int, thetas: Sequence[floa
     states: list[torch.Tensor] = []  # the final norm's output is what the softmax reads: (B, T', D)
     handle = model.final_norm.register_forward_hook(lambda module, args, out: states.append(out))
     cache, static, n = StreamCache(size), 0.0, 0
-    nll = {(theta, lam): 0.0 for theta in thetas for lam in lambdas}
+    lams = torch.tensor(lambdas, dtype=torch.float32)[:, None, None]  # (L, 1, 1): against (G, 1, B, T)
+    totals = torch.zeros(len(thetas), len(lambdas), dtype=torch.float64)  # summed NLL per (theta, lambda)
     start = time.perf_counter()
     try:
         for token, y in scored_segments(model, ids, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
@@ -102,11 +103,10 @@ def evaluate_cache(model, ids: torch.Tensor, *, size: int, thetas: Sequence[floa
             model_logp, y = -token.float(), y.to(token.device)  # (B, T)
             cached = cache.log_probs(states.pop(), y, thetas)  # (G, B, T)
             static, n = static - model_logp.sum().item(), n + y.numel()
-            for g, theta in enumerate(thetas):
-                for lam in lambdas:
-                    nll[theta, lam] -= mix(model_logp, cached[g], lam).sum().item()
+            totals -= mix(model_logp, cached[:, None], lams.to(y.device)).sum((2, 3)).double().cpu()  # (G, L)
             if max_tokens and n >= max_tokens:
                 break
     finally:
         handle.remove()
+    nll = {(theta, lam): totals[g, k].item() for g, theta in enumerate(thetas) for k, lam in enumerate(lambdas)}
     return CacheSweep(size, LMScores(static, n, time.perf_counter() - start), nll)
