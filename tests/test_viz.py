@@ -399,9 +399,25 @@ def test_cli_schedule_config_equals_make_schedule(tmp_path):
     sub = argparse.ArgumentParser().add_subparsers(dest="verb")
     add_parsers(sub)
     args = sub.choices["plot"].parse_args(["schedule", "--config", "multi30k", "--warmup", "200"])
-    fn, cfg = schedule_from_args(args, ["train.lr=0.002"])
+    fn, cfg, steps = schedule_from_args(args, ["train.lr=0.002", "train.schedule=inverse_sqrt"])
     ref = make_schedule("inverse_sqrt", lr=0.002, warmup=200, d_model=256)  # multi30k: transformer-small
-    assert cfg.train.schedule == "inverse_sqrt" and all(fn(s) == ref(s) for s in (1, 199, 200, 201, 5000))
+    assert steps == 2000 and all(fn(s) == ref(s) for s in (1, 199, 200, 201, 5000))
+
+
+def test_cli_schedule_draws_a_time_horizon_over_the_drawn_updates():
+    import argparse
+
+    from attnkit.cli.plot import add_parsers, schedule_from_args
+
+    sub = argparse.ArgumentParser().add_subparsers(dest="verb")
+    add_parsers(sub)
+    args = sub.choices["plot"].parse_args(["schedule", "--config", "lm-char-small", "--steps", "3000"])
+    fn, cfg, steps = schedule_from_args(args, [])
+    t = cfg.train
+    assert t.horizon == "time" and t.max_steps == 0 and steps == 3000
+    ref = make_schedule("cosine", lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=3000)
+    assert all(fn(s) == ref(s) for s in (1, t.warmup, 1500, 2999, 3000))
+    assert fn(3000) < fn(1500) < fn(t.warmup)
 
 
 def test_cli_refuses_to_overwrite_and_reports_bad_options(capsys, tmp_path, run_dir):

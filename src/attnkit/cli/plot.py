@@ -261,7 +261,9 @@ def plot_positions_cmd(args, overrides: list[str]) -> None:
 
 
 def schedule_from_args(args, overrides: list[str]):
-    """(schedule function, resolved run config) from presets, explicit options and dotted overrides."""
+    """(schedule function, resolved run config, updates to draw) from presets, explicit options and dotted
+    overrides. A cosine over the time budget (train.horizon=time) is drawn as if the budget ended at the last
+    drawn update: its real length in updates depends on the machine."""
     from attnkit import config as cfgmod
     from attnkit.train.schedules import make_schedule
 
@@ -270,17 +272,19 @@ def schedule_from_args(args, overrides: list[str]):
     overrides = list(overrides) + [f"{k}={v}" for k, v in explicit.items() if v is not None]
     cfg = cfgmod.resolve(args.config, overrides)
     t = cfg.train
-    return make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=t.max_steps), cfg
+    steps = args.steps or t.max_steps or 10 * t.warmup
+    total = t.max_steps or (steps if t.horizon == "time" else 0)
+    return make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=total), cfg, steps
 
 
 def plot_schedule_cmd(args, overrides: list[str]) -> None:
     from attnkit.viz.curves import plot_schedule
 
-    fn, cfg = schedule_from_args(args, overrides)
+    fn, cfg, steps = schedule_from_args(args, overrides)
     t = cfg.train
-    steps = args.steps or t.max_steps or 10 * t.warmup
+    horizon = ", the time budget drawn as these updates" if t.horizon == "time" and not t.max_steps else ""
     title = (f"{t.schedule}: lr {'d_model^-0.5 (paper)' if t.lr is None else t.lr}, warmup {t.warmup}, "
-             f"d_model {cfg.model.d_model}")
+             f"d_model {cfg.model.d_model}{horizon}")
     plot_schedule(fn, steps, _new(args.out, args.force), title=title)
     print(f"wrote {args.out}")
 
