@@ -416,8 +416,8 @@ def test_cli_schedule_draws_a_time_horizon_over_the_drawn_updates():
     fn, cfg, steps = schedule_from_args(args, [])
     t = cfg.train
     assert t.horizon == "time" and t.max_steps == 0 and steps == 3000
-    ref = make_schedule("cosine", lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=3000)
-    assert all(fn(s) == ref(s) for s in (1, t.warmup, 1500, 2999, 3000))
+    ref = make_schedule("cosine", lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, by_time=True)
+    assert all(fn(s) == ref(s, spent=s / 3000) for s in (1, t.warmup, 1500, 2999, 3000))  # as training computes it
     assert fn(3000) < fn(1500) < fn(t.warmup)
 
 

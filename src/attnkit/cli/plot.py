@@ -261,9 +261,10 @@ def plot_positions_cmd(args, overrides: list[str]) -> None:
 
 
 def schedule_from_args(args, overrides: list[str]):
-    """(schedule function, resolved run config, updates to draw) from presets, explicit options and dotted
-    overrides. A cosine over the time budget (train.horizon=time) is drawn as if the budget ended at the last
-    drawn update: its real length in updates depends on the machine."""
+    """(the learning rate as a function of the update, resolved run config, updates to draw) from presets,
+    explicit options and dotted overrides. A schedule over the time budget (train.horizon=time) is drawn as
+    training computes it, from the share of the budget spent, with updates at a steady rate and the budget
+    ending at the last drawn update (its real length in updates depends on the machine)."""
     from attnkit import config as cfgmod
     from attnkit.train.schedules import make_schedule
 
@@ -273,8 +274,12 @@ def schedule_from_args(args, overrides: list[str]):
     cfg = cfgmod.resolve(args.config, overrides)
     t = cfg.train
     steps = args.steps or t.max_steps or 10 * t.warmup
-    total = t.max_steps or (steps if t.horizon == "time" else 0)
-    return make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=total), cfg, steps
+    by_time = t.horizon == "time"
+    fn = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=t.max_steps,
+                       by_time=by_time)
+    if by_time:
+        return (lambda step: fn(step, spent=step / steps)), cfg, steps
+    return fn, cfg, steps
 
 
 def plot_schedule_cmd(args, overrides: list[str]) -> None:
@@ -282,7 +287,7 @@ def plot_schedule_cmd(args, overrides: list[str]) -> None:
 
     fn, cfg, steps = schedule_from_args(args, overrides)
     t = cfg.train
-    horizon = ", the time budget drawn as these updates" if t.horizon == "time" and not t.max_steps else ""
+    horizon = ", the time budget drawn as these updates" if t.horizon == "time" else ""
     title = (f"{t.schedule}: lr {'d_model^-0.5 (paper)' if t.lr is None else t.lr}, warmup {t.warmup}, "
              f"d_model {cfg.model.d_model}{horizon}")
     plot_schedule(fn, steps, _new(args.out, args.force), title=title)
