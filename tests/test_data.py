@@ -26,6 +26,7 @@ from attnkit.data import (
     prepare,
     read_lines,
     read_parallel,
+    resegment_train,
     resolve_prefix,
     write_number_corpus,
 )
@@ -137,7 +138,7 @@ def test_prepare_writes_all_files(prepared):
     out, _ = prepared
     names = ["tokenizer.model", "prepare.json"]
     names += [f"{s}.safetensors" for s in ("train", "valid", "test")]
-    names += [f"{s}.{side}.txt" for s in ("valid", "test") for side in ("src", "tgt")]
+    names += [f"{s}.{side}.txt" for s in ("train", "valid", "test") for side in ("src", "tgt")]
     assert all((out / n).is_file() for n in names)
     assert not list(out.glob(".*.tmp"))  # no leftovers of atomic writes
     meta = json.loads((out / "prepare.json").read_text())
@@ -162,6 +163,43 @@ def test_prepared_train_respects_length_caps(prepared):
 def test_prepared_valid_text_copy_keeps_every_line(prepared, corpus):
     out, _ = prepared
     assert read_lines(out / "valid.src.txt") == read_lines(corpus["paths"]["valid"][0])
+
+
+def test_prepared_train_text_is_the_kept_pairs_in_the_order_of_train_safetensors(prepared):
+    out, _ = prepared
+    split, (src_tok, tgt_tok) = load_split(out, "train"), load_tokenizers(out)
+    src, tgt = read_lines(out / "train.src.txt"), read_lines(out / "train.tgt.txt")
+    assert len(src) == len(tgt) == len(split) == 295
+    again = EncodedSplit.from_pairs(src_tok.encode(src), tgt_tok.encode(tgt))
+    for name in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(split, name))
+
+
+def test_bpe_dropout_draws_other_segmentations_of_the_same_text(prepared):
+    out, _ = prepared
+    tok, _ = load_tokenizers(out)
+    text = read_lines(out / "train.src.txt")
+    plain = tok.encode(text)
+    first, second = tok.encode(text, dropout=0.3), tok.encode(text, dropout=0.3)
+    assert tok.decode(first) == tok.decode(plain) == text  # lossless: only the pieces change
+    assert first != plain and first != second
+    assert sum(map(len, first)) > sum(map(len, plain))  # skipped merges leave more, shorter pieces
+    resegmented = resegment_train(out, tok, tok, 0.3)
+    assert len(resegmented) == len(plain) and tok.decode([list(resegmented.pair(i)[0]) for i in range(5)]) == text[:5]
+
+
+def test_bpe_dropout_needs_the_training_text_and_a_bpe_model(corpus, tmp_path):
+    p = corpus["paths"]
+    out = tmp_path / "unigram"
+    prepare(out, p["train"], vocab_size=100, model_type="unigram")
+    tok, _ = load_tokenizers(out)
+    with pytest.raises(ConfigError, match="needs a BPE tokenizer.*unigram"):
+        resegment_train(out, tok, tok, 0.1)
+    out = tmp_path / "bpe"
+    prepare(out, p["train"], vocab_size=100)
+    (out / "train.tgt.txt").unlink()  # as in a folder prepared before the text was kept
+    with pytest.raises(DataError, match=r"train\.tgt\.txt: missing.*prepare the folder again"):
+        resegment_train(out, tok, tok, 0.1)
 
 
 def test_prepare_refuses_overwrite_without_force(prepared, corpus):

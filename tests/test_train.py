@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,6 +100,37 @@ def test_resume_gives_the_same_parameters_as_training_straight(tmp_path, data_di
     a, b = _params(straight), _params(resumed)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0)
+
+
+def _arrays(split) -> list[np.ndarray]:
+    return [split.src_ids, split.src_offsets, split.tgt_ids, split.tgt_offsets]
+
+
+def test_bpe_dropout_draws_a_segmentation_per_epoch_that_a_resume_reads_back(tmp_path, data_dir):
+    first = Trainer(tiny_run_config(max_steps=3, bpe_dropout=0.2), data_dir, tmp_path / "r", progress=False)
+    first.fit()
+    assert first.state.epoch == 0 and first.state.batch_in_epoch > 0  # stopped inside epoch 1
+    drawn, _ = first.epoch_data(0)
+    plain = first.train_split
+    assert first.src_tok.decode([list(drawn.pair(i)[0]) for i in range(len(plain))]) == \
+        first.src_tok.decode([list(plain.pair(i)[0]) for i in range(len(plain))])
+    assert drawn.src_ids.size > plain.src_ids.size  # other, finer pieces of the same sentences
+
+    resumed = Trainer(tiny_run_config(max_epochs=2, bpe_dropout=0.2), data_dir, tmp_path / "r", resume=True,
+                      progress=False)
+    again, sampler = resumed.epoch_data(0)  # the file of epoch 1, not a new draw: same batches, same pieces
+    for a, b in zip(_arrays(drawn), _arrays(again)):
+        np.testing.assert_array_equal(a, b)
+    assert sampler.batches(0) == first.epoch_data(0)[1].batches(0)
+    resumed.fit()
+    assert resumed.state.epoch == 2
+    second, _ = resumed.epoch_data(1)
+    assert second.src_ids.size != drawn.src_ids.size or not np.array_equal(second.src_ids, drawn.src_ids)
+
+    fresh = Trainer(tiny_run_config(max_steps=1, bpe_dropout=0.2), data_dir, tmp_path / "r", force=True,
+                    progress=False)
+    assert not (tmp_path / "r" / "subwords").exists()  # --force: an earlier run's draws are not reused
+    fresh.fit()
 
 
 def test_training_reduces_loss_and_writes_the_run_folder(tmp_path, data_dir):

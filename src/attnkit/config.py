@@ -138,6 +138,7 @@ class TrainConfig(Optimisation):
     max_sentences: int = 0  # and at most this many sentence pairs per batch (0 = no cap; Kyubyong Park: 128)
     max_epochs: int = 20
     label_smoothing: float = 0.1
+    bpe_dropout: float = 0.0  # > 0: a fresh BPE-dropout segmentation of the training text every epoch
     eval_bleu: bool = True  # greedy BLEU on the dev set after every epoch
     eval_max_sentences: int = 0  # 0 = the whole dev set
     best_metric: str = "loss"  # loss | bleu
@@ -155,6 +156,8 @@ class TrainConfig(Optimisation):
             raise ConfigError("train.max_tokens must be positive (and train.max_sentences not negative)")
         if self.max_epochs < 0:
             raise ConfigError("train.max_epochs must not be negative")
+        if not 0 <= self.bpe_dropout < 1:
+            raise ConfigError(f"train.bpe_dropout must be in [0, 1), got {self.bpe_dropout:g}")
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
 #!/bin/bash
 # A Multi30k probe: `attnkit train --config multi30k` plus overrides, then the recipe's evaluation (val chooses).
-# usage: m30k-probe.sh NAME [--model.FIELD=VALUE ...]
+# usage: [VOCAB=8000] m30k-probe.sh NAME [--model.FIELD=VALUE ...]   (VOCAB: the joint BPE size, data in runs/multi30k[-vVOCAB])
 cd "$(dirname "$0")/../../.."  # the repository root
 name=$1; shift
 D=../shared/data/multi30k
 s=$(date +%s)
-[ -f runs/multi30k/data/train.safetensors ] || attnkit prepare --src de --tgt en --train $D/train --valid $D/val \
-  --test $D/test_2016_flickr --vocab-size 8000 --out runs/multi30k/data
-attnkit train --config multi30k "$@" --data runs/multi30k/data --out runs/$name --quiet --force
+V=${VOCAB:-8000}; data=runs/multi30k/data; [ "$V" = 8000 ] || data=runs/multi30k-v$V/data
+[ -f $data/train.safetensors ] || attnkit prepare --src de --tgt en --train $D/train --valid $D/val \
+  --test $D/test_2016_flickr --vocab-size $V --out $data
+attnkit train --config multi30k "$@" --data $data --out runs/$name --quiet --force
 echo "train rc $? $(( $(date +%s) - s )) s"
 python3 benchmarks/multi30k.py --run runs/$name --data $D
 echo "eval rc $? $(( $(date +%s) - s )) s"

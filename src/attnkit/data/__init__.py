@@ -8,6 +8,7 @@ from attnkit.data.dataset import (
     load_split,
     load_tokenizers,
     prepare,
+    resegment_train,
 )
 from attnkit.data.demo_corpus import make_number_corpus, write_number_corpus
 from attnkit.data.text import iter_lines, read_lines, read_parallel, resolve_prefix, write_lines
@@ -33,6 +34,7 @@ __all__ = [
     "prepare",
     "read_lines",
     "read_parallel",
+    "resegment_train",
     "resolve_prefix",
     "write_lines",
     "write_number_corpus",

@@ -6,7 +6,8 @@ every training run starts by memory-mapping a few arrays instead of re-tokenizin
 Data folder layout:
     tokenizer.model | src.model + tgt.model    sentencepiece model(s)
     {train,valid,test}.safetensors             EncodedSplit arrays
-    {valid,test}.{src,tgt}.txt                 raw text, the references BLEU is computed against
+    {train,valid,test}.{src,tgt}.txt           raw text: the references BLEU is computed against, and the kept
+                                               training pairs, which BPE-dropout segments afresh every epoch
     prepare.json                               settings and the PrepareReport
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from attnkit.data.text import read_parallel, write_lines
+from attnkit.data.text import read_lines, read_parallel, write_lines
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes, atomic_write_json, ensure_new_output
@@ -191,13 +192,14 @@ def _encode_split(
     tgt_tok: SubwordTokenizer,
     max_src_len: int,
     max_tgt_len: int,
-) -> tuple[EncodedSplit, SplitCounts]:
-    """Encode one split; only train is filtered (valid/test are scored against every reference line)."""
+) -> tuple[EncodedSplit, SplitCounts, list[int]]:
+    """Encode one split and name the lines kept; only train is filtered (valid/test are scored against every
+    reference line)."""
     src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
     if name != "train":
-        return EncodedSplit.from_pairs(src_ids, tgt_ids), SplitCounts(kept=len(src))
+        return EncodedSplit.from_pairs(src_ids, tgt_ids), SplitCounts(kept=len(src)), list(range(len(src)))
     keep, counts = _filter_train(src, tgt, src_ids, tgt_ids, max_src_len, max_tgt_len)
-    return EncodedSplit.from_pairs([src_ids[i] for i in keep], [tgt_ids[i] for i in keep]), counts
+    return EncodedSplit.from_pairs([src_ids[i] for i in keep], [tgt_ids[i] for i in keep]), counts, keep
 
 
 def _check_lengths(max_src_len: int, max_tgt_len: int) -> None:
@@ -253,10 +255,9 @@ def prepare(
     _remove_stale(out_dir)
     _save_tokenizers(out_dir, src_tok, tgt_tok)
     report = PrepareReport()
-    for name, (split, counts) in splits.items():
-        if name != "train":  # the references BLEU is computed against
-            write_lines(out_dir / f"{name}.src.txt", texts[name][0])
-            write_lines(out_dir / f"{name}.tgt.txt", texts[name][1])
+    for name, (split, counts, kept) in splits.items():
+        for side, lines in zip(("src", "tgt"), texts[name]):
+            write_lines(out_dir / f"{name}.{side}.txt", [lines[i] for i in kept])
         split.save(out_dir / f"{name}.safetensors")
         report.splits[name] = counts
     settings = {
@@ -274,15 +275,20 @@ def prepare(
     return report
 
 
+def _setting(data_dir: Path, key: str, default):
+    """One of prepare.json's settings; `default` for a folder without prepare.json."""
+    meta = data_dir / "prepare.json"
+    if not meta.is_file():
+        return default
+    try:
+        return json.loads(meta.read_text(encoding="utf-8"))["settings"][key]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{meta}: unreadable: {e}") from None
+
+
 def _is_joint(data_dir: Path) -> bool:
     """prepare.json decides; without it, the presence of tokenizer.model does."""
-    meta = data_dir / "prepare.json"
-    if meta.is_file():
-        try:
-            return bool(json.loads(meta.read_text(encoding="utf-8"))["settings"]["joint"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataError(f"{meta}: unreadable: {e}") from None
-    return (data_dir / "tokenizer.model").is_file()
+    return bool(_setting(data_dir, "joint", (data_dir / "tokenizer.model").is_file()))
 
 
 def load_tokenizers(data_dir: str | os.PathLike) -> tuple[SubwordTokenizer, SubwordTokenizer]:
@@ -296,3 +302,23 @@ def load_tokenizers(data_dir: str | os.PathLike) -> tuple[SubwordTokenizer, Subw
 
 def load_split(data_dir: str | os.PathLike, name: str) -> EncodedSplit:
     return EncodedSplit.load(Path(data_dir) / f"{name}.safetensors")
+
+
+def resegment_train(
+    data_dir: str | os.PathLike, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, dropout: float
+) -> EncodedSplit:
+    """The training pairs of train.safetensors, in the same order, segmented afresh with BPE-dropout: each merge
+    skipped with probability `dropout` (Provilkov et al. 2020), so the model sees a word in many pieces."""
+    data_dir = Path(data_dir)
+    model_type = _setting(data_dir, "model_type", "bpe")
+    if model_type != "bpe":
+        raise ConfigError(f"train.bpe_dropout needs a BPE tokenizer; {data_dir} was prepared with --model-type "
+                          f"{model_type}")
+    texts = []
+    for side in ("src", "tgt"):
+        path = data_dir / f"train.{side}.txt"
+        if not path.is_file():
+            raise DataError(f"{path}: missing; train.bpe_dropout segments the training text afresh every epoch, "
+                            "and attnkit prepare writes it since 2026-11: prepare the folder again")
+        texts.append(read_lines(path))
+    return EncodedSplit.from_pairs(src_tok.encode(texts[0], dropout), tgt_tok.encode(texts[1], dropout))

@@ -119,9 +119,15 @@ class SubwordTokenizer:
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Ids without BOS/EOS: batching adds them, so the stored corpus stays model-agnostic."""
-        return self._sp.encode(texts, out_type=int)
+    def encode(self, texts: list[str], dropout: float = 0.0) -> list[list[int]]:
+        """Ids without BOS/EOS: batching adds them, so the stored corpus stays model-agnostic.
+
+        With `dropout` > 0 a BPE model skips each merge with that probability (BPE-dropout, Provilkov et al. 2020):
+        another segmentation of the same text on every call, drawn by sentencepiece's own (unseeded) generator.
+        """
+        if not dropout:
+            return self._sp.encode(texts, out_type=int)
+        return self._sp.encode(texts, out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1)
 
     def decode(self, ids_batch: list[list[int]]) -> list[str]:
         """Text of model outputs: everything from the first EOS on is ignored, PAD/BOS dropped."""

@@ -9,6 +9,7 @@ weights, optimizer, schedule position, RNG and the position inside the epoch's b
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,15 @@ from tqdm.auto import tqdm
 from attnkit import config as cfgmod
 from attnkit.checkpoint import epoch_checkpoints
 from attnkit.config import PAD_ID
-from attnkit.data import TokenBatchSampler, iterate_batches, load_split, load_tokenizers, read_lines
+from attnkit.data import (
+    EncodedSplit,
+    TokenBatchSampler,
+    iterate_batches,
+    load_split,
+    load_tokenizers,
+    read_lines,
+    resegment_train,
+)
 from attnkit.data.batching import Batch
 from attnkit.decode.translator import Translator
 from attnkit.eval import translate_and_score
@@ -64,13 +73,36 @@ class Trainer(TrainerBase):
         self.build()
         # DDP needs the training objective as a module's forward; the lambda finds training_forward at call time
         self.train_model = self.dist.wrap(TrainingForward(self.model, lambda m, b: training_forward(m, b)))
-        t = self.cfg.train
         self.train_split = load_split(self.data_dir, "train")
         has_valid = (self.data_dir / "valid.safetensors").exists()
         self.valid_split = load_split(self.data_dir, "valid") if has_valid else None
-        self.sampler = TokenBatchSampler(self.train_split.src_lens, self.train_split.tgt_lens, t.max_tokens,
-                                         shuffle=True, seed=t.seed, max_sentences=t.max_sentences)
+        self.sampler = self._sampler(self.train_split)
         self.start(resume)
+        if not self.state.step and self.dist.is_main:  # --force: an earlier run's segmentations, maybe of other ids
+            shutil.rmtree(self.run_dir / "subwords", ignore_errors=True)
+
+    def _sampler(self, split: EncodedSplit) -> TokenBatchSampler:
+        t = self.cfg.train
+        return TokenBatchSampler(split.src_lens, split.tgt_lens, t.max_tokens, shuffle=True, seed=t.seed,
+                                 max_sentences=t.max_sentences)
+
+    def epoch_data(self, epoch: int) -> tuple[EncodedSplit, TokenBatchSampler]:
+        """The training split of `epoch` and its batch sampler: the prepared segmentation, or with
+        train.bpe_dropout a fresh one for each epoch, written to RUN/subwords/ before the epoch's first batch so
+        that a resume and every DDP rank read the very same one (sentencepiece's sampling is not seeded)."""
+        if not self.cfg.train.bpe_dropout:
+            return self.train_split, self.sampler
+        path = self.run_dir / "subwords" / f"epoch{epoch:04d}.safetensors"
+        if self.dist.is_main and not path.exists():
+            split = resegment_train(self.data_dir, self.src_tok, self.tgt_tok, self.cfg.train.bpe_dropout)
+            path.parent.mkdir(exist_ok=True)
+            split.save(path)
+            for old in path.parent.glob("epoch*.safetensors"):  # the epoch before stays for a resume from `prev`
+                if old.name < f"epoch{epoch - 1:04d}":
+                    old.unlink(missing_ok=True)
+        self.dist.barrier()
+        split = EncodedSplit.load(path)
+        return split, self._sampler(split)
 
     def _fit_config_to_data(self, cfg: cfgmod.RunConfig) -> cfgmod.RunConfig:
         joint = self.src_tok is self.tgt_tok
@@ -161,7 +193,8 @@ class Trainer(TrainerBase):
         last_save, eval_reserve, metrics = time.monotonic(), 0.0, {}
         stopped = False
         while self.state.epoch < t.max_epochs and not stopped:
-            batches = self.sampler.batches(self.state.epoch)
+            split, sampler = self.epoch_data(self.state.epoch)
+            batches = sampler.batches(self.state.epoch)
             todo = batches[self.state.batch_in_epoch :]
             per_update = t.accumulate * self.dist.world  # batches of all ranks per update
             bar = tqdm(total=math.ceil(len(todo) / per_update), desc=f"epoch {self.state.epoch + 1}",
@@ -171,7 +204,7 @@ class Trainer(TrainerBase):
                 group = todo[start : start + per_update]
                 if len(group) < self.dist.world:  # too few for every rank: the epoch's last few are left out
                     break
-                mine = list(iterate_batches(self.train_split, group[self.dist.rank :: self.dist.world]))
+                mine = list(iterate_batches(split, group[self.dist.rank :: self.dist.world]))
                 stats = self.train_step(mine)
                 self.state.batch_in_epoch += len(group)
                 self.state.elapsed_s = time.monotonic() - clock
