@@ -97,8 +97,9 @@ class Trainer(TrainerBase):
             split = resegment_train(self.data_dir, self.src_tok, self.tgt_tok, self.cfg.train.bpe_dropout)
             path.parent.mkdir(exist_ok=True)
             split.save(path)
-            for old in path.parent.glob("epoch*.safetensors"):  # the epoch before stays for a resume from `prev`
-                if old.name < f"epoch{epoch - 1:04d}":
+            keep = {path.name, f"epoch{epoch - 1:04d}.safetensors"}  # the epoch before, for a resume from `prev`
+            for old in path.parent.glob("epoch*.safetensors"):
+                if old.name not in keep:
                     old.unlink(missing_ok=True)
         self.dist.barrier()
         split = EncodedSplit.load(path)
