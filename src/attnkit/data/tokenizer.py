@@ -123,11 +123,15 @@ class SubwordTokenizer:
         """Ids without BOS/EOS: batching adds them, so the stored corpus stays model-agnostic.
 
         With `dropout` > 0 a BPE model skips each merge with that probability (BPE-dropout, Provilkov et al. 2020):
-        another segmentation of the same text on every call, drawn by sentencepiece's own (unseeded) generator.
+        another segmentation of the same text on every call. The draws come from sentencepiece's generator of the
+        calling thread, one line at a time: its batch call starts new threads whose generators all begin at the
+        same state once anything has set sentencepiece's seed (tokenizer training does), so every call would
+        draw the same pieces.
         """
         if not dropout:
             return self._sp.encode(texts, out_type=int)
-        return self._sp.encode(texts, out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1)
+        return [self._sp.encode(text, out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1)
+                for text in texts]
 
     def decode(self, ids_batch: list[list[int]]) -> list[str]:
         """Text of model outputs: everything from the first EOS on is ignored, PAD/BOS dropped."""
