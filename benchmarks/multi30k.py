@@ -5,8 +5,9 @@
 1. averages the run's last 5 epoch checkpoints (`attnkit average`) into RUN/checkpoints/avg5.safetensors;
 2. chooses, on the validation set only, between best.safetensors and the average (greedy BLEU) and the
    beam-5 length penalty alpha (score / |Y|^alpha);
-3. decodes val and test_2016_flickr with greedy and beam 5 (timed), scores them with sacreBLEU (cased,
-   lowercased, chrF2) and counts the sentences where beam 5 finds a model score at least greedy's;
+3. decodes val and test_2016_flickr (`--sets`: a probe that has not been chosen scores val only) with greedy
+   and beam 5 (timed), scores them with sacreBLEU (cased, lowercased, chrF2) and counts the sentences where
+   beam 5 finds a model score at least greedy's;
 4. writes RUN/results.md (a Markdown table) and RUN/results.json.
 """
 
@@ -42,11 +43,13 @@ def main() -> None:
     ap.add_argument("--run", default="runs/multi30k")
     ap.add_argument("--data", default="../shared/data/multi30k")
     ap.add_argument("--average", type=int, default=5, help="epoch checkpoints to average")
+    ap.add_argument("--sets", nargs="+", default=["val", "test_2016_flickr"],
+                    help="the sets to decode and score once the choices are made on val (a probe: val only)")
     args = ap.parse_args()
     run, data = Path(args.run), Path(args.data)
     torch.set_num_threads(2)
     sets = {name: (read_lines(data / f"{name}.de.gz"), read_lines(data / f"{name}.en.gz"))
-            for name in ("val", "test_2016_flickr")}
+            for name in dict.fromkeys(["val", *args.sets])}
     val_src, val_ref = sets["val"]
 
     avg = run / "checkpoints" / f"avg{args.average}.safetensors"

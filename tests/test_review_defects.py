@@ -130,6 +130,15 @@ def test_the_command_line_keeps_freed_memory_for_decoding_verbs(fake_libc, tmp_p
     assert len(fake_libc.calls) == 2
 
 
+def test_the_command_line_keeps_freed_memory_for_training_verbs(fake_libc, tmp_path, trained):
+    from attnkit.cli.main import main
+
+    data_dir, _ = trained
+    assert main(["train", "--data", data_dir, "--out", tmp_path / "run", "--quiet", "--train.max_steps=1",
+                 "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--train.device=cpu"]) == 0
+    assert len(fake_libc.calls) == 2
+
+
 # --- 4. training memory: the verbs that train keep oneDNN from caching a kernel per shape -------------------------
 _SHAPES = """
 import sys, torch

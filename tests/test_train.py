@@ -251,6 +251,46 @@ def test_cosine_over_a_time_budget_goes_by_whichever_is_further():
         make_schedule("noam", lr=None, warmup=10, d_model=64, by_time=True)
 
 
+def test_cooldown_falls_linearly_to_zero_over_the_last_share_of_the_horizon():
+    """Warmup-stable-decay: the schedule is untouched until the last `fraction`, then scaled by a line to 0;
+    over a time budget it goes by whichever of updates and clock is further on, like the cosine."""
+    base = make_schedule("inverse_sqrt", lr=1e-3, warmup=100, d_model=64)
+    fn = make_schedule("inverse_sqrt", lr=1e-3, warmup=100, d_model=64, total=1000, cooldown_fraction=0.2)
+    for step in (1, 50, 400, 800):
+        assert fn(step) == base(step)
+    for step in (850, 900, 999):
+        assert fn(step) == pytest.approx(base(step) * (1000 - step) / 200)
+    assert fn(1000) == 0.0
+    timed = make_schedule("constant", lr=2e-3, warmup=1, d_model=64, by_time=True, cooldown_fraction=0.25)
+    assert timed(10**6, spent=0.5) == 2e-3  # with no max_steps only the clock counts
+    assert timed(3, spent=0.875) == pytest.approx(1e-3)
+    both = make_schedule("cosine", lr=1e-3, warmup=10, d_model=64, total=100, by_time=True, cooldown_fraction=0.5)
+    assert both(80, spent=0.1) == pytest.approx(cosine(80, 1e-3, 10, 100) * 0.4)
+    with pytest.raises(ConfigError, match="needs a horizon"):
+        make_schedule("inverse_sqrt", lr=1e-3, warmup=10, d_model=64, cooldown_fraction=0.1)
+
+
+def test_trainer_steps_with_the_cooldown(data_dir, tmp_path):
+    """The lr each update used, as logged, follows the cooldown to 0 at max_steps."""
+    import csv
+
+    cfg = tiny_run_config(schedule="constant", lr=1e-3, max_steps=20, cooldown=0.5, max_epochs=100)
+    Trainer(cfg, data_dir, tmp_path / "run", progress=False).fit()
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        lrs = {int(r["step"]): float(r["lr"]) for r in csv.DictReader(f) if r["split"] == "train"}
+    assert lrs[5] == lrs[10] == pytest.approx(1e-3)
+    assert lrs[15] == pytest.approx(1e-3 * 5 / 10)
+    assert lrs[20] == 0.0
+
+
+def test_cooldown_is_validated():
+    assert TrainConfig(schedule="inverse_sqrt", max_minutes=60, horizon="time", cooldown=0.2).cooldown == 0.2
+    with pytest.raises(ConfigError, match=r"\[0, 1\)"):
+        TrainConfig(max_steps=10, cooldown=1.0)
+    with pytest.raises(ConfigError, match="needs a horizon"):
+        TrainConfig(schedule="inverse_sqrt", cooldown=0.2)
+
+
 def test_time_horizon_needs_cosine_and_a_budget():
     from attnkit.config import LMTrainConfig
 
@@ -259,5 +299,7 @@ def test_time_horizon_needs_cosine_and_a_budget():
         LMTrainConfig(schedule="cosine", max_steps=10, max_minutes=0, horizon="time")
     with pytest.raises(ConfigError, match="schedule cosine"):
         TrainConfig(schedule="noam", max_minutes=5, horizon="time")
+    with pytest.raises(ConfigError, match="max_minutes > 0"):
+        TrainConfig(schedule="noam", max_minutes=0, horizon="time", cooldown=0.1)
     with pytest.raises(ConfigError, match="steps or time"):
         LMTrainConfig(horizon="epochs")

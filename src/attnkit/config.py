@@ -103,6 +103,7 @@ class Optimisation:
     max_steps: int = 0  # 0 = no limit; with cosine, the decay horizon
     max_minutes: float = 0.0  # wall-clock budget for the whole run (0 = none)
     horizon: str = "steps"  # cosine decays over: steps (max_steps) | time (max_minutes, or max_steps if sooner)
+    cooldown: float = 0.0  # the last share of the horizon over which the lr falls linearly to 0 (0 = none)
     dtype: str = "float32"  # float32 | bfloat16 (autocast)
     compile: bool = False  # torch.compile the model's forward (and so its backward) for training
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
@@ -123,9 +124,14 @@ class Optimisation:
             raise ConfigError("train.warmup, max_steps, clip_norm and max_minutes must not be negative")
         if self.horizon not in ("steps", "time"):
             raise ConfigError(f"train.horizon must be steps or time, not {self.horizon!r}")
-        if self.horizon == "time" and (self.schedule != "cosine" or self.max_minutes <= 0):
-            raise ConfigError("train.horizon=time decays the cosine schedule over train.max_minutes: it needs "
-                              f"schedule cosine (not {self.schedule}) and max_minutes > 0 (not {self.max_minutes:g})")
+        if self.horizon == "time" and (self.schedule != "cosine" and self.cooldown == 0 or self.max_minutes <= 0):
+            raise ConfigError("train.horizon=time decays the cosine schedule or the cooldown over train.max_minutes: "
+                              f"it needs schedule cosine (not {self.schedule}) or train.cooldown > 0, and "
+                              f"max_minutes > 0 (not {self.max_minutes:g})")
+        if not 0.0 <= self.cooldown < 1.0:
+            raise ConfigError(f"train.cooldown is a share of the horizon in [0, 1), not {self.cooldown}")
+        if self.cooldown > 0 and self.max_steps <= 0 and self.horizon == "steps":
+            raise ConfigError("train.cooldown needs a horizon: train.max_steps > 0 or train.horizon=time")
         if self.schedule == "cosine" and self.max_steps <= 0 and self.horizon == "steps":
             raise ConfigError("the cosine schedule needs a horizon: train.max_steps > 0 or train.horizon=time")
 

@@ -10,5 +10,5 @@ V=${VOCAB:-8000}; data=runs/multi30k/data; [ "$V" = 8000 ] || data=runs/multi30k
   --test $D/test_2016_flickr --vocab-size $V --out $data
 attnkit train --config multi30k "$@" --data $data --out runs/$name --quiet --force
 echo "train rc $? $(( $(date +%s) - s )) s"
-python3 benchmarks/multi30k.py --run runs/$name --data $D
+python3 benchmarks/multi30k.py --run runs/$name --data $D --sets val  # test only for the run chosen on val
 echo "eval rc $? $(( $(date +%s) - s )) s"

@@ -276,7 +276,7 @@ def schedule_from_args(args, overrides: list[str]):
     steps = args.steps or t.max_steps or 10 * t.warmup
     by_time = t.horizon == "time"
     fn = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=cfg.model.d_model, total=t.max_steps,
-                       by_time=by_time)
+                       by_time=by_time, cooldown_fraction=t.cooldown)
     if by_time:
         return (lambda step: fn(step, spent=step / steps)), cfg, steps
     return fn, cfg, steps
@@ -287,9 +287,10 @@ def plot_schedule_cmd(args, overrides: list[str]) -> None:
 
     fn, cfg, steps = schedule_from_args(args, overrides)
     t = cfg.train
-    horizon = ", the time budget drawn as these updates" if t.horizon == "time" else ""
-    title = (f"{t.schedule}: lr {'d_model^-0.5 (paper)' if t.lr is None else t.lr}, warmup {t.warmup}, "
-             f"d_model {cfg.model.d_model}{horizon}")
+    notes = [f"cooldown: the last {t.cooldown:.0%}"] * bool(t.cooldown)
+    notes += ["the time budget drawn as these updates"] * (t.horizon == "time")
+    title = "\n".join([f"{t.schedule}: lr {'d_model^-0.5 (paper)' if t.lr is None else t.lr}, warmup {t.warmup}, "
+                       f"d_model {cfg.model.d_model}", *notes])
     plot_schedule(fn, steps, _new(args.out, args.force), title=title)
     print(f"wrote {args.out}")
 

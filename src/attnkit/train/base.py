@@ -82,7 +82,7 @@ class TrainerBase:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=t.betas, eps=t.eps,
                                           weight_decay=t.weight_decay, fused=self.device.type in ("cpu", "cuda"))
         self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
-                                      total=t.max_steps, by_time=t.horizon == "time")
+                                      total=t.max_steps, by_time=t.horizon == "time", cooldown_fraction=t.cooldown)
         weights = 4 * sum(p.numel() for p in self.model.parameters())  # float32 bytes
         if self.dist.is_main:  # last + prev with Adam's two moments, best and the kept epochs as weights only
             ensure_free_space(self.run_dir, 2 * 3 * weights + (1 + getattr(t, "keep_epochs", 0)) * weights,
