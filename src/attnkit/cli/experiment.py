@@ -24,7 +24,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
     c = ex.add_parser("compare", help="train several models on the same data and budget; table + bar plot")
-    c.set_defaults(bounds_kernel_caches=True, keeps_freed_memory=True, run=cmd_compare)
+    c.set_defaults(trains=True, run=cmd_compare)
     add_overrides(c)
     c.add_argument("--data", required=True, help="folder written by `attnkit prepare`")
     c.add_argument("--out", required=True, help="folder for the runs (OUT/<model>), compare.{csv,md,png}")
@@ -66,7 +66,7 @@ def _add_budget_options(p, whose: str) -> None:
 
 def _add_heads(ex) -> None:
     h = ex.add_parser("heads", help="one preset with 1, 2, 4, 8 heads at equal d_model and budget; dev/test BLEU")
-    h.set_defaults(bounds_kernel_caches=True, keeps_freed_memory=True, run=cmd_heads)
+    h.set_defaults(trains=True, run=cmd_heads)
     add_overrides(h)
     h.add_argument("--data", required=True, help="folder written by `attnkit prepare` (e.g. Multi30k)")
     h.add_argument("--out", required=True, help="folder for the runs (OUT/heads-<h>), heads.{csv,md,png}")
@@ -78,7 +78,7 @@ def _add_heads(ex) -> None:
 def _add_lm_ablation(ex) -> None:
     a = ex.add_parser("lm-ablation", help="Transformer-XL, no recurrence, absolute positions with recurrence, vanilla "
                                           "and LSTM LMs on one budget; perplexity by attention length and RECL")
-    a.set_defaults(bounds_kernel_caches=True, keeps_freed_memory=True, run=cmd_lm_ablation)
+    a.set_defaults(trains=True, run=cmd_lm_ablation)
     add_overrides(a)
     a.add_argument("--data", required=True, metavar="wikitext-2|tiny-shakespeare|DIR",
                    help="a corpus of --corpora (prepared once into OUT/data), or a folder written by "

@@ -54,12 +54,12 @@ def verbs_taking_overrides(parser: argparse.ArgumentParser, prefix: str = "") ->
 
 def tune_process(args: argparse.Namespace) -> None:
     """Process-wide settings that pay for one kind of work; the command owns its process, the library never."""
-    if getattr(args, "keeps_freed_memory", False) or getattr(args, "bounds_kernel_caches", False):
+    trains = getattr(args, "trains", False)
+    if trains or getattr(args, "keeps_freed_memory", False):  # the verbs that train or decode
         from attnkit import runtime
 
-        if getattr(args, "keeps_freed_memory", False):  # decoding verbs
-            runtime.keep_freed_memory()
-        if getattr(args, "bounds_kernel_caches", False):  # training verbs
+        runtime.keep_freed_memory()
+        if trains:
             runtime.bound_kernel_caches()
 
 

@@ -95,7 +95,7 @@ def add_trust_option(p: argparse.ArgumentParser) -> None:
 
 def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str) -> None:
     """The options every training verb shares; it also takes dotted config overrides."""
-    t.set_defaults(bounds_kernel_caches=True, keeps_freed_memory=True)
+    t.set_defaults(trains=True)
     add_overrides(t)
     t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")
     t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")

@@ -13,7 +13,7 @@ def add_parsers(sub) -> dict[str, Callable]:
                        description="Write a German->English corpus of number words (0 to 999,999), learn its "
                                    "subwords, train the `demo` preset for 6.5 minutes, translate the test set, "
                                    "score it and draw the cross-attention of one sentence.")
-    d.set_defaults(bounds_kernel_caches=True, keeps_freed_memory=True)
+    d.set_defaults(trains=True)
     add_overrides(d)
     d.add_argument("--out", default="runs/demo", help="run folder")
     d.add_argument("--n-train", type=int, default=24000, help="training pairs to generate")
