@@ -1,6 +1,7 @@
 #!/bin/bash
 # A Multi30k probe: `attnkit train --config multi30k` plus overrides, then the recipe's evaluation (val chooses).
 # usage: [VOCAB=8000] m30k-probe.sh NAME [--model.FIELD=VALUE ...]   (VOCAB: the joint BPE size, data in runs/multi30k[-vVOCAB])
+# It scores val only; the run chosen on val is then scored on test too: python3 benchmarks/multi30k.py --run runs/NAME
 cd "$(dirname "$0")/../../.."  # the repository root
 name=$1; shift
 D=../shared/data/multi30k
