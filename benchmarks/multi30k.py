@@ -3,8 +3,9 @@
     python benchmarks/multi30k.py --run runs/multi30k --data ../shared/data/multi30k
 
 1. averages the run's last 5 epoch checkpoints (`attnkit average`) into RUN/checkpoints/avg5.safetensors;
-2. chooses, on the validation set only, between best.safetensors and the average (greedy BLEU) and the
-   beam-5 length penalty alpha (score / |Y|^alpha);
+2. chooses, on the validation set only, between best.safetensors, the average and the ensemble of the same
+   5 checkpoints (`attnkit translate --ensemble`: their probabilities averaged at every step) by greedy BLEU,
+   and the beam-5 length penalty alpha (score / |Y|^alpha);
 3. decodes val and test_2016_flickr (`--sets`: a probe that has not been chosen scores val only) with greedy
    and beam 5 (timed), scores them with sacreBLEU (cased, lowercased, chrF2) and counts the sentences where
    beam 5 finds a model score at least greedy's;
@@ -52,17 +53,19 @@ def main() -> None:
             for name in dict.fromkeys(["val", *args.sets])}
     val_src, val_ref = sets["val"]
 
+    last = epoch_checkpoints(run)[-args.average :]
     avg = run / "checkpoints" / f"avg{args.average}.safetensors"
-    average_checkpoints(epoch_checkpoints(run)[-args.average :], avg)
-    candidates = {"best": run / "checkpoints" / "best.safetensors", f"avg{args.average}": avg}
+    average_checkpoints(last, avg)
+    candidates = {"best": [run / "checkpoints" / "best.safetensors"], f"avg{args.average}": [avg],
+                  f"ens{args.average}": last}
     greedy = DecodeOptions(beam=1)
     val_bleu = {}
-    for name, path in candidates.items():
-        hyps, _ = decode(Translator.from_checkpoint(path, device="cpu"), val_src, greedy)
+    for name, paths in candidates.items():
+        hyps, _ = decode(Translator.from_checkpoints(paths, device="cpu"), val_src, greedy)
         val_bleu[name] = score_corpus([h.text for h in hyps], val_ref).bleu
         print(f"val greedy BLEU of {name}: {val_bleu[name]:.2f}", flush=True)
     chosen = max(val_bleu, key=val_bleu.get)
-    translator = Translator.from_checkpoint(candidates[chosen], device="cpu")
+    translator = Translator.from_checkpoints(candidates[chosen], device="cpu")
     alpha_bleu = {}
     for alpha in ALPHAS:
         hyps, _ = decode(translator, val_src, DecodeOptions(beam=5, len_penalty=alpha))

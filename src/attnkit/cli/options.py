@@ -83,8 +83,9 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 
-def add_checkpoint_option(p: argparse.ArgumentParser, **kw) -> None:
-    p.add_argument("--checkpoint", required=True, help="a .safetensors checkpoint written by attnkit", **kw)
+def add_checkpoint_option(p: argparse.ArgumentParser, help: str = "a .safetensors checkpoint written by attnkit",
+                          **kw) -> None:
+    p.add_argument("--checkpoint", required=True, help=help, **kw)
     add_trust_option(p)
 
 

@@ -21,7 +21,10 @@ def add_parsers(sub) -> dict[str, Callable]:
     tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling",
                         description=TRANSLATE_DESCRIPTION)
     tr.set_defaults(keeps_freed_memory=True)
-    add_checkpoint_option(tr)
+    add_checkpoint_option(tr, nargs="+", metavar="CKPT",
+                          help="a .safetensors checkpoint written by attnkit; several (e.g. a run's last epochs, "
+                               "RUN/checkpoints/epoch*.safetensors) decode as one model, an ensemble averaging their "
+                               "probabilities at every step (same tokenizers)")
     tr.add_argument("--engine", choices=["attnkit", "ctranslate2"], default="attnkit",
                     help="attnkit: PyTorch, with the checkpoint; ctranslate2: CTranslate2 (pip install ctranslate2), "
                          "with --checkpoint naming a folder written by `attnkit export` (same output formats and "
@@ -87,6 +90,7 @@ Translate sentences, one per line, with a checkpoint written by `attnkit train` 
   echo "dreihundertfünfundvierzig" | attnkit translate --checkpoint runs/demo/checkpoints/best.safetensors
   attnkit translate --checkpoint CKPT --input test.de --output test.hyp --beam 5
   attnkit translate --checkpoint CKPT --input test.de --beam 5 --nbest 3 --format tsv
+  attnkit translate --checkpoint RUN/checkpoints/epoch*.safetensors --input test.de --beam 5   # an ensemble
   attnkit translate --engine ctranslate2 --checkpoint CT2_FOLDER --input test.de --beam 5"""
 
 
@@ -150,14 +154,18 @@ def check_model(args) -> None:
     if args.engine == "ctranslate2":
         from attnkit.export import check_export, require_ctranslate2
 
-        check_export(args.checkpoint)
+        if len(args.checkpoint) > 1:
+            raise AttnkitError("--engine ctranslate2 translates with one export folder; ensembles of several "
+                               "checkpoints run with --engine attnkit")
+        check_export(args.checkpoint[0])
         require_ctranslate2()
         return
     from attnkit.checkpoint import check_checkpoint
 
-    if (Path(args.checkpoint) / "attnkit.json").is_file():
-        raise AttnkitError(f"{args.checkpoint} is a CTranslate2 export: translate with it using --engine ctranslate2")
-    check_checkpoint(args.checkpoint)
+    for path in args.checkpoint:
+        if (Path(path) / "attnkit.json").is_file():
+            raise AttnkitError(f"{path} is a CTranslate2 export: translate with it using --engine ctranslate2")
+        check_checkpoint(path)
 
 
 def load_translator(args):
@@ -166,11 +174,11 @@ def load_translator(args):
     if args.engine == "ctranslate2":
         from attnkit.export import CT2Translator
 
-        return CT2Translator.from_dir(args.checkpoint, device=args.device,
+        return CT2Translator.from_dir(args.checkpoint[0], device=args.device,
                                       compute_type="int8" if args.quantize == "int8" else "default")
     from attnkit.decode import Translator  # here: the CLI imports torch only when a verb runs
 
-    return Translator.from_checkpoint(args.checkpoint, device=args.device, quantize=args.quantize)
+    return Translator.from_checkpoints(args.checkpoint, device=args.device, quantize=args.quantize)
 
 
 def tsv_header(args) -> str:

@@ -15,6 +15,7 @@ from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode.beam import beam_search
+from attnkit.decode.ensemble import Ensemble
 from attnkit.decode.greedy import greedy_search, sample
 from attnkit.decode.memory import SearchShape, gigabytes, search_bytes
 from attnkit.decode.scoring import score_targets
@@ -101,16 +102,25 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", quantize: str | None = None) -> Translator:
-        ckpt = load_checkpoint(path)
-        if "src" not in ckpt.tokenizers:
-            raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model "
-                                  "(language models run with `attnkit lm eval` / `lm generate`)")
-        model = model_from(ckpt, path)
-        src_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])
-        tgt_tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["tgt"]) if "tgt" in ckpt.tokenizers else src_tok
-        t = ckpt.config.train
-        return cls(model, src_tok, tgt_tok, device=device, max_len_a=t.max_len_a, max_len_b=t.max_len_b,
-                   quantize=quantize)
+        return cls.from_checkpoints([path], device=device, quantize=quantize)
+
+    @classmethod
+    def from_checkpoints(cls, paths: list[str | Path], device: str = "auto", quantize: str | None = None
+                         ) -> Translator:
+        """One checkpoint, or several decoded as an ensemble (their probabilities averaged, `Ensemble`): they
+        must share the tokenizers (one prepared dataset); the output length limits are the first one's."""
+        ckpts = [translation_checkpoint(p) for p in paths]
+        first = ckpts[0]
+        for path, ckpt in zip(paths[1:], ckpts[1:]):
+            if ckpt.tokenizers != first.tokenizers:
+                raise CheckpointError(f"{path} has other tokenizers than {paths[0]}: an ensemble's checkpoints "
+                                      "must come from the same prepared data")
+        models = [model_from(ckpt, path) for path, ckpt in zip(paths, ckpts)]
+        src_tok = SubwordTokenizer.from_bytes(first.tokenizers["src"])
+        tgt_tok = SubwordTokenizer.from_bytes(first.tokenizers["tgt"]) if "tgt" in first.tokenizers else src_tok
+        t = first.config.train
+        return cls(models[0] if len(models) == 1 else Ensemble(models), src_tok, tgt_tok, device=device,
+                   max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize)
 
     def encode_sources(self, sentences: list[str]) -> list[np.ndarray]:
         """Subword ids; inputs longer than the model's positions are truncated with a warning."""
@@ -200,9 +210,10 @@ class Translator:
     def search_bytes(self, sentences: int, src_len: int, opts: DecodeOptions, need_attention: bool = False) -> int:
         """An upper estimate of the memory one search over `sentences` sources of `src_len` tokens takes."""
         a, b, cap = self.output_limit(opts)
-        return search_bytes(SearchShape.of(self.model.config), sentences=sentences,
-                            expand=opts.nbest if opts.sampling else opts.beam, src_len=src_len,
-                            out_len=min(int(src_len * a + b), cap), need_attention=need_attention)
+        one = search_bytes(SearchShape.of(self.model.config), sentences=sentences,
+                           expand=opts.nbest if opts.sampling else opts.beam, src_len=src_len,
+                           out_len=min(int(src_len * a + b), cap), need_attention=need_attention)
+        return one * (len(self.model) if isinstance(self.model, Ensemble) else 1)  # each member searches alike
 
     def _fit(self, idx: list[int], lengths: list[int], opts: DecodeOptions, need_attention: bool,
              budget: int) -> list[list[int]]:
@@ -258,6 +269,15 @@ class Translator:
 
 
 QUANTIZATIONS = ("int8",)
+
+
+def translation_checkpoint(path: str | Path):
+    """The checkpoint at `path`, refused where it holds a language model."""
+    ckpt = load_checkpoint(path)
+    if "src" not in ckpt.tokenizers:
+        raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model "
+                              "(language models run with `attnkit lm eval` / `lm generate`)")
+    return ckpt
 
 
 def usable_quantization(quantize: str | None, device: torch.device) -> str | None:
