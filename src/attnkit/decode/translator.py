@@ -109,6 +109,8 @@ class Translator:
                          ) -> Translator:
         """One checkpoint, or several decoded as an ensemble (their probabilities averaged, `Ensemble`): they
         must share the tokenizers (one prepared dataset); the output length limits are the first one's."""
+        if not paths:
+            raise ConfigError("Translator.from_checkpoints needs at least one checkpoint")
         ckpts = [translation_checkpoint(p) for p in paths]
         first = ckpts[0]
         for path, ckpt in zip(paths[1:], ckpts[1:]):
