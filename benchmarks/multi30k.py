@@ -4,8 +4,8 @@
 
 1. averages the run's last 5 epoch checkpoints (`attnkit average`) into RUN/checkpoints/avg5.safetensors;
 2. chooses, on the validation set only, between best.safetensors, the average and the ensemble of the same
-   5 checkpoints (`attnkit translate --ensemble`: their probabilities averaged at every step) by greedy BLEU,
-   and the beam-5 length penalty alpha (score / |Y|^alpha);
+   5 checkpoints (`attnkit translate --checkpoint` with several: their probabilities averaged at every step)
+   by greedy BLEU, and the beam-5 length penalty alpha (score / |Y|^alpha);
 3. decodes val and test_2016_flickr (`--sets`: a probe that has not been chosen scores val only) with greedy
    and beam 5 (timed), scores them with sacreBLEU (cased, lowercased, chrF2) and counts the sentences where
    beam 5 finds a model score at least greedy's;
