@@ -16,7 +16,7 @@ from attnkit import config as cfgmod
 from attnkit.checkpoint import load_lm_checkpoint
 from attnkit.cli.main import main
 from attnkit.config import TransformerXLConfig
-from attnkit.decode.lm import generate
+from attnkit.decode.lm import ContextRule, generate
 from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
@@ -243,7 +243,8 @@ def test_adaptive_vanilla_sliding_window_equals_the_per_token_loop():
 def test_adaptive_sampling_with_memory_equals_sampling_from_the_probabilities():
     model = tiny()
     prompt = tokens(1, 4, seed=9)
-    fast = generate(model, prompt, 8, mem_len=32, top_k=6, generator=torch.Generator().manual_seed(3))
+    fast = generate(model, prompt, 8, ContextRule(segment=4, memory=32), top_k=6,
+                    generator=torch.Generator().manual_seed(3))
     g, context = torch.Generator().manual_seed(3), prompt
     for _ in range(8):
         probs = model(context)[0][:, -1].exp()  # (1, V): the distribution itself

@@ -11,7 +11,7 @@ import torch
 
 from attnkit.config import TransformerXLConfig
 from attnkit.data.lm import LMStreams
-from attnkit.decode.lm import generate
+from attnkit.decode.lm import ContextRule, generate
 from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
 from attnkit.models.transformer_xl import TransformerXL
@@ -309,7 +309,8 @@ def test_sampling_with_memory_equals_sampling_with_recomputation():
     model = tiny()
     prompt = tokens(1, 4, seed=9)
     n_new = 10
-    fast = generate(model, prompt, n_new, mem_len=32, top_k=5, generator=torch.Generator().manual_seed(3))
+    fast = generate(model, prompt, n_new, ContextRule(segment=4, memory=32), top_k=5,
+                    generator=torch.Generator().manual_seed(3))
     g, context = torch.Generator().manual_seed(3), prompt
     from attnkit.decode.search import filter_logits
 

@@ -509,13 +509,15 @@ def test_transformer_xl_view_is_its_attention_over_memory_and_segment(lm_runs, m
 
 
 def test_vanilla_lm_view_is_its_causal_attention(lm_runs):
+    from attnkit.checkpoint import load_checkpoint
     from attnkit.viz import load_views
 
     ckpt = lm_runs["vanilla-lm"] / "checkpoints" / "best.safetensors"
     view = load_views(ckpt, [LM_PROMPT])[0]
     plot = plot_attention(view, "self", None, layer="-1")
-    tokens = [VISIBLE_SPACE if c == " " else c for c in LM_PROMPT]
-    assert_grid_equals(plot, lm_reference(ckpt, LM_PROMPT, 0)[-1:], tokens, tokens)
+    window = LM_PROMPT[-load_checkpoint(ckpt).config.train.tgt_len :]  # the positions it was trained on
+    tokens = [VISIBLE_SPACE if c == " " else c for c in window]
+    assert_grid_equals(plot, lm_reference(ckpt, window, 0)[-1:], tokens, tokens)
     assert not view.boundary and not any(memory_lines(ax) for ax in plot.figure.axes)
     assert np.triu(view.maps["self"][0], 1).max() == 0.0  # causal: nothing above the diagonal
 

@@ -71,12 +71,15 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.add_argument("--cache-lambda", type=float, help="the cache's lambda instead of choosing it on valid")
     add_device_option(e)
 
-    g = verbs.add_parser("generate", help="sample text, carrying the XL memory forward one token per step")
+    g = verbs.add_parser("generate", help="sample text, reading the prompt as the model was trained: memory "
+                                          "carried in segments of its length, or a sliding window without memory")
     g.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(g)
     g.add_argument("--prompt", default="", help="text to continue (default: start of a line)")
     g.add_argument("--length", type=int, default=200, help="tokens to generate")
-    g.add_argument("--mem-len", type=int, help="XL memory / vanilla window (default: the run's eval memory)")
+    g.add_argument("--mem-len", type=int,
+                   help="memory to sample with (default: the run's eval memory; 0: a sliding window of the training "
+                        "segment); for the vanilla LM its window, at most its training segment")
     add_sampling_options(g)
     add_device_option(g)
 

@@ -22,9 +22,8 @@ from attnkit.config import family
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
 from attnkit.decode import DecodeOptions, Translator
-from attnkit.decode.lm import generate
+from attnkit.decode.lm import LMContext, SlidingWindow, context_rule, generate, open_context
 from attnkit.errors import AttnkitError
-from attnkit.models import model_class
 from attnkit.viz.figure import Plot, finish, subplots
 
 # Kinds a model returns (translation models: enc, dec, cross; RNNs: cross; LMs: self), as `--kind` names them.
@@ -240,58 +239,76 @@ def lm_encode(vocab, text: str) -> np.ndarray:
     return ids
 
 
-def memory_split(kind: str, n_tokens: int, mem_len: int | None) -> int:
-    """How many leading tokens of an n-token text become the memory M (the segment is the rest).
+def memory_split(model, context: LMContext, n_tokens: int, mem_len: int | None) -> int:
+    """Where the segment drawn starts in an n-token text: the tokens before it are read into memory (or, without
+    memory, lie outside the window), by the rule the model samples with (attnkit.decode.lm.context_rule).
 
-    Transformer-XL (and the recurrent vanilla LM): the first half by default, or `mem_len` tokens; the vanilla and
-    LSTM LMs have no memory of positions (M = 0).
+    Transformer-XL (and the recurrent vanilla LM): the first half by default, or `mem_len` tokens, but never a
+    segment longer than the rule's (positions the model never learned); without memory (the vanilla LM, a model
+    trained without it) the window, the last `segment` tokens; an LSTM reads its state through the whole text.
     """
-    if not model_class(kind).attends_to_memory:
+    segment = context.rule.segment
+    if isinstance(context, SlidingWindow):
         if mem_len:
-            raise AttnkitError(f"--mem-len {mem_len}: a {kind} model has no memory (it reads the text as one segment)")
+            raise AttnkitError(f"--mem-len {mem_len}: this {model.kind} model reads with no memory (one window: the "
+                               f"text's last {segment} tokens at most)")
+        return max(0, n_tokens - segment)
+    if not model.attends_to_memory:
+        if mem_len:
+            raise AttnkitError(f"--mem-len {mem_len}: a {model.kind} model has no memory of positions (it reads the "
+                               "text as one stream)")
         return 0
     if mem_len is None:
-        return n_tokens // 2
+        return max(n_tokens // 2, n_tokens - segment)
     if not 0 <= mem_len < n_tokens:
         raise AttnkitError(f"--mem-len {mem_len}: the text has {n_tokens} tokens; the memory takes 0..{n_tokens - 1} "
                            "of them and leaves the rest to the segment")
+    if n_tokens - mem_len > segment:
+        raise AttnkitError(f"--mem-len {mem_len}: the segment would be {n_tokens - mem_len} tokens; this "
+                           f"{model.kind} reads at most {segment} at once: give --mem-len {n_tokens - segment} or more")
     return mem_len
+
+
+def read_view(model, context: LMContext, x: torch.Tensor, m: int) -> tuple[list[np.ndarray], int]:
+    """x (1, N) read by `context`: ids[:m] into memory, then ids[m:] as the segment drawn -> its self-attention
+    L x (H, N - m, M' + N - m) as the model returns it, and M' the memory keys it attends to."""
+    with torch.no_grad():
+        if m and model.attends_to_memory:
+            context.feed(x[:, :m])
+            context.commit()  # the recurrent vanilla LM: its segment in progress becomes memory
+        context.feed(x[:, m:], need_weights=True)
+    maps = [w[0].float().cpu().numpy() for w in context.weights]  # L x (H, Tq, Tk)
+    return maps, (maps[0].shape[-1] - maps[0].shape[-2] if maps else 0)
 
 
 def lm_views(model, vocab, cfg, texts: list[np.ndarray], mem_len: int | None = None, *,
              continuation: int = LM_CONTINUATION) -> list[AttentionView]:
-    """The self-attention of a language model over each text of ids (N,), as the model returns it.
+    """The self-attention of a language model over each text of ids (N,), read by the rule it samples with.
 
-    The first M ids are read as one segment whose layer inputs become the memory (exactly what the
-    model carries between training segments); the remaining T ids are the segment drawn: its queries
-    over the M + T keys [memory | segment], `weights` L x (1, H, T, M + T) from `need_weights=True`.
-    The output is the model's greedy continuation of the whole text.
+    The first m ids are read into memory (`memory_split`: pieces of at most the rule's segment, the memory it
+    carries), the remaining ids are the segment drawn: its queries over [memory | segment], `weights`
+    L x (1, H, T, M + T) from `need_weights=True`. A model without memory draws its window, the last ids. The
+    output is the model's greedy continuation of the whole text, read by the same rule.
     """
     device = next(model.parameters()).device
-    clamp_len = cfg.train.clamp_len
-    gen_mem = cfg.train.eval_lengths[1] if model.kind == "transformer-xl" else cfg.train.tgt_len
+    rule = context_rule(model.kind, cfg)
     views = []
     for ids in texts:
         n = len(ids)
-        if model.kind == "vanilla-lm" and n > cfg.model.max_positions:
-            raise AttnkitError(f"the text has {n} tokens; this vanilla LM reads at most {cfg.model.max_positions}")
-        m = memory_split(model.kind, n, mem_len)
+        context = open_context(model, rule)
+        m = memory_split(model, context, n, mem_len)
         x = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=device)[None]  # (1, N)
-        with torch.no_grad():
-            mems = model(x[:, :m], None, mem_len=m, clamp_len=clamp_len)[1] if m else None  # L x (1, M, D)
-            _, _, weights = model(x[:, m:], mems, mem_len=m, clamp_len=clamp_len, need_weights=True)
+        maps, memory = read_view(model, context, x, m)
         labels = lm_token_labels(vocab, ids)
         output = ""
         if continuation > 0:
             generator = torch.Generator(device=device).manual_seed(0)  # temperature 0: the arg-max, not a draw
-            new = generate(model, x, continuation, mem_len=gen_mem or n, clamp_len=clamp_len, temperature=0.0,
-                           generator=generator)
+            new = generate(model, x, continuation, rule, temperature=0.0, generator=generator)
             output = vocab.decode(new[0].tolist())
         views.append(AttentionView(
             source=vocab.decode([int(i) for i in ids]), output=output,
-            maps={"self": [w[0].float().cpu().numpy() for w in weights]},  # L x (H, T, M + T)
-            queries={"self": labels[m:]}, keys={"self": labels},
-            boundary={"self": m} if m else {}, content={"self": (n - m, n)}))
+            maps={"self": maps}, queries={"self": labels[m:]}, keys={"self": labels[m - memory:]},
+            boundary={"self": memory} if memory else {}, content={"self": (n - m, n - m + memory)}))
     return views
 
 
