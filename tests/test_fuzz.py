@@ -442,8 +442,8 @@ def check_translate_run(code: int, stdout: str | None, err: str, out: Path, opti
         header, *rows = text.split("\n")[:-1]
         assert header.startswith("line\trank\tscore\t")
         assert [int(row.split("\t")[0]) for row in rows] == [i for i in range(1, len(lines) + 1) for _ in range(nbest)]
-    for i in too_long(translator, lines):  # interactive mode translates one line at a time: always input 1
-        assert f"input {1 if stdout is not None else i} has" in err and "truncated" in err, err
+    for i in too_long(translator, lines):  # named by its line, in interactive mode too (one line at a time)
+        assert f"attnkit: warning: input {i} has" in err and "truncated" in err, err
 
 
 # --- 5. the Python API ----------------------------------------------------------------------------------------------

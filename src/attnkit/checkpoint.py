@@ -223,21 +223,59 @@ def epoch_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted((Path(run_dir) / "checkpoints").glob("epoch*.safetensors"))
 
 
+def tokenizer_difference(ckpt: Checkpoint, other: Checkpoint) -> str | None:
+    """What makes `ckpt`'s tokenizers other than `other`'s (None: the same ones). The one test of "the same
+    tokenizers" (the same prepared data): ensembles and averages of checkpoints both need it."""
+    for name in sorted(ckpt.tokenizers.keys() | other.tokenizers.keys()):
+        if name not in ckpt.tokenizers or name not in other.tokenizers:
+            return f"{'no' if name not in ckpt.tokenizers else 'an extra'} '{name}' tokenizer"
+        if ckpt.tokenizers[name] != other.tokenizers[name]:
+            return f"another '{name}' tokenizer"
+    return None
+
+
+def check_same_tokenizers(paths: list[str | Path], ckpts: list[Checkpoint], why: str) -> None:
+    """One line naming the first checkpoint whose tokenizers are not the first one's, and what differs."""
+    for path, ckpt in zip(paths[1:], ckpts[1:]):
+        differs = tokenizer_difference(ckpt, ckpts[0])
+        if differs:
+            raise CheckpointError(f"{path} has other tokenizers than {paths[0]} ({differs}): {why}")
+
+
+def model_difference(ckpt: Checkpoint, other: Checkpoint) -> str | None:
+    """What makes `ckpt`'s network another one than `other`'s (None: the same): its kind, a field of its model
+    config, or a tensor's name or shape. Dropout rates may differ: they change training, not what weights compute."""
+    if ckpt.kind != other.kind:
+        return f"a '{ckpt.kind}' model, not '{other.kind}'"
+    mine, theirs = cfgmod.to_dict(ckpt.config.model), cfgmod.to_dict(other.config.model)
+    for name in mine:
+        if "dropout" not in name and mine[name] != theirs.get(name):
+            return f"model.{name} {mine[name]}, not {theirs.get(name)}"
+    if ckpt.model_state.keys() != other.model_state.keys():
+        name = sorted(ckpt.model_state.keys() ^ other.model_state.keys())[0]
+        return f"{'no' if name not in ckpt.model_state else 'an extra'} tensor {name}"
+    for name, tensor in ckpt.model_state.items():
+        if tensor.shape != other.model_state[name].shape:
+            return f"{name} of shape {tuple(tensor.shape)}, not {tuple(other.model_state[name].shape)}"
+    return None
+
+
 def average_checkpoints(paths: list[str | Path], out: str | Path) -> Checkpoint:
-    """Element-wise mean of the weights of `paths` (same kind and shapes), saved as a model-only checkpoint.
+    """Element-wise mean of the weights of `paths`, saved as a model-only checkpoint. They must hold the same
+    network (`model_difference`) with the same tokenizers: a mean of other networks' weights is meaningless.
 
     Averaging the last few checkpoints smooths the noise of the final updates (Vaswani et al. 2017,
     section 6.1: the base models average the last 5 checkpoints).
     """
+    if not paths:
+        raise CheckpointError("average_checkpoints needs at least one checkpoint")
     ckpts = [load_checkpoint(p) for p in paths]
     first = ckpts[0]
-    for path, ck in zip(paths, ckpts):
-        if ck.kind != first.kind or ck.model_state.keys() != first.model_state.keys():
-            raise CheckpointError(f"{path} holds another model than {paths[0]}: cannot average them")
-        for name, tensor in ck.model_state.items():
-            if tensor.shape != first.model_state[name].shape:
-                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
-                                      f"{paths[0]} has {tuple(first.model_state[name].shape)}")
+    for path, ck in zip(paths[1:], ckpts[1:]):
+        differs = model_difference(ck, first)
+        if differs:
+            raise CheckpointError(f"{path} holds another model than {paths[0]} ({differs}): cannot average them")
+    check_same_tokenizers(paths, ckpts, "cannot average them (checkpoints of one run or of one prepared dataset)")
     mean = {name: torch.stack([ck.model_state[name].double() for ck in ckpts]).mean(0).to(tensor.dtype)
             for name, tensor in first.model_state.items()}
     last = ckpts[-1]

@@ -1,7 +1,8 @@
 """The `attnkit` command: parses arguments and calls one function per verb.
 
 Config overrides are dotted: `attnkit train ... --model.d_model=256 --train.lr 1e-3`.
-User mistakes print one line `attnkit: error: ...` and exit with code 2.
+User mistakes print one line `attnkit: error: ...` and exit with code 2; attnkit's warnings print one line
+`attnkit: warning: ...` and the command goes on.
 Each verb group lives in its own module (seq2seq, translate, export, lm, plot, experiment, bench, presets) and
 imports torch and the models only when one of its verbs runs, so `--help` stays fast.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 from attnkit import __version__
 from attnkit.cli import bench, experiment, export, lm, plot, presets, seq2seq, translate
@@ -63,6 +66,22 @@ def tune_process(args: argparse.Namespace) -> None:
             runtime.bound_kernel_caches()
 
 
+ATTNKIT_SOURCE = Path(__file__).resolve().parents[1]  # the package's folder
+
+
+def one_line_warning(show_other: Callable) -> Callable:
+    """How the command shows a warning: attnkit's own as one line on stderr (`attnkit: warning: input 7 has ...`),
+    without Python's category and source line; other libraries' warnings as Python shows them (`show_other`)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if not Path(filename).resolve().is_relative_to(ATTNKIT_SOURCE):
+            show_other(message, category, filename, lineno, file, line)
+            return
+        print(f"attnkit: warning: {' '.join(str(message).split())}", file=sys.stderr if file is None else file)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser, commands = build_parser()
@@ -78,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         tune_process(args)
         trust = trust_pickle.set(getattr(args, "trust_checkpoint", False))
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # restores the filters and showwarning on the way out
                 warnings.simplefilter("default")
+                warnings.showwarning = one_line_warning(warnings.showwarning)
                 commands[args.verb](args, overrides)
         finally:
             trust_pickle.reset(trust)

@@ -132,7 +132,8 @@ def cmd_translate(args, overrides: list[str]) -> None:
 
     def render(batch: list[str], first: int = 0, prefixes: list[str] | None = None) -> str:
         results = translator.translate(batch, opts, prefixes=prefixes, batch_size=args.batch_size,
-                                       max_tokens=args.max_tokens, need_attention=args.print_alignment)
+                                       max_tokens=args.max_tokens, need_attention=args.print_alignment,
+                                       number_from=first + 1)  # warnings name the input's line
         return "".join(format_translation(first + i, t, args) for i, t in enumerate(results))
 
     header = tsv_header(args) if args.format == "tsv" else ""

@@ -26,7 +26,7 @@ import safetensors
 import safetensors.numpy
 
 from attnkit.data.text import read_lines, read_parallel, write_lines
-from attnkit.data.tokenizer import SubwordTokenizer
+from attnkit.data.tokenizer import MAX_SENTENCE_BYTES, SubwordTokenizer, too_long_to_learn
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes, atomic_write_json, ensure_new_output
 
@@ -113,10 +113,16 @@ class SplitCounts:
     kept: int = 0
     dropped_empty: int = 0
     dropped_too_long: int = 0
+    # source and target lines tokenizer training left out (over sentencepiece's limit; train only), kept or not
+    tokenizer_left_out: int = 0
 
     def summary(self) -> str:
         empty, too_long = self.dropped_empty, self.dropped_too_long
-        return f"{self.kept} kept, {empty + too_long} dropped ({empty} empty, {too_long} too long)"
+        out = f"{self.kept} kept, {empty + too_long} dropped ({empty} empty, {too_long} too long)"
+        if self.tokenizer_left_out:
+            out += (f"; tokenizer training left out {self.tokenizer_left_out} line(s) over "
+                    f"{MAX_SENTENCE_BYTES:,} bytes (sentencepiece's max_sentence_length)")
+        return out
 
 
 @dataclass
@@ -248,6 +254,7 @@ def prepare(
         raise DataError(f"{given['train'][0]}, {given['train'][1]}: {e}") from None
     splits = {name: _encode_split(name, src, tgt, src_tok, tgt_tok, max_src_len, max_tgt_len)
               for name, (src, tgt) in texts.items()}
+    splits["train"][1].tokenizer_left_out = sum(map(too_long_to_learn, itertools.chain(*texts["train"])))
     if splits["train"][1].kept == 0:
         raise DataError(f"{given['train'][0]}, {given['train'][1]}: no training pairs left "
                         f"({splits['train'][1].summary()}; see --max-src-len / --max-tgt-len)")

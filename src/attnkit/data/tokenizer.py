@@ -27,9 +27,16 @@ MAX_TRAIN_SENTENCES = 2_000_000
 MAX_SENTENCE_BYTES = 4192
 
 
+def too_long_to_learn(text: str) -> bool:
+    """A line tokenizer training leaves out: over sentencepiece's max_sentence_length. The limit stays, since one
+    long line of rare characters can alone need more pieces than the vocabulary holds (character_coverage 1.0);
+    `prepare` reports how many lines it left out."""
+    return len(text.encode("utf-8", "surrogatepass")) > MAX_SENTENCE_BYTES
+
+
 def _trainable(texts: Iterable[str]) -> list[str]:
     """Lines sentencepiece learns from: empty lines carry no statistics, over-long ones it would skip."""
-    return [t for t in texts if t.strip() and len(t.encode("utf-8", "surrogatepass")) <= MAX_SENTENCE_BYTES]
+    return [t for t in texts if t.strip() and not too_long_to_learn(t)]
 
 
 def _training_error(e: RuntimeError) -> DataError:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnkit.checkpoint import load_checkpoint, model_from
+from attnkit.checkpoint import check_same_tokenizers, load_checkpoint, model_from
 from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import SubwordTokenizer
@@ -113,10 +113,7 @@ class Translator:
             raise ConfigError("Translator.from_checkpoints needs at least one checkpoint")
         ckpts = [translation_checkpoint(p) for p in paths]
         first = ckpts[0]
-        for path, ckpt in zip(paths[1:], ckpts[1:]):
-            if ckpt.tokenizers != first.tokenizers:
-                raise CheckpointError(f"{path} has other tokenizers than {paths[0]}: an ensemble's checkpoints "
-                                      "must come from the same prepared data")
+        check_same_tokenizers(paths, ckpts, "an ensemble's checkpoints must come from the same prepared data")
         models = [model_from(ckpt, path) for path, ckpt in zip(paths, ckpts)]
         src_tok = SubwordTokenizer.from_bytes(first.tokenizers["src"])
         tgt_tok = SubwordTokenizer.from_bytes(first.tokenizers["tgt"]) if "tgt" in first.tokenizers else src_tok
@@ -124,13 +121,13 @@ class Translator:
         return cls(models[0] if len(models) == 1 else Ensemble(models), src_tok, tgt_tok, device=device,
                    max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize)
 
-    def encode_sources(self, sentences: list[str]) -> list[np.ndarray]:
-        """Subword ids; inputs longer than the model's positions are truncated with a warning."""
+    def encode_sources(self, sentences: list[str], number_from: int = 1) -> list[np.ndarray]:
+        """Subword ids; inputs longer than the model's positions are truncated with a warning naming the input,
+        counted from `number_from` (the caller's numbering: a file's line number when it translates line by line)."""
         ids = []
-        for i, ids_i in enumerate(self.src_tok.encode(sentences)):
+        for i, ids_i in enumerate(self.src_tok.encode(sentences), start=number_from):
             if len(ids_i) > self.max_src_len:
-                warnings.warn(f"input {i + 1} has {len(ids_i)} tokens; truncated to {self.max_src_len}",
-                              stacklevel=3)
+                warnings.warn(f"input {i} has {len(ids_i)} tokens; truncated to {self.max_src_len}", stacklevel=3)
                 ids_i = ids_i[: self.max_src_len]
             ids.append(np.asarray(ids_i, dtype=np.int64))
         return ids
@@ -176,18 +173,20 @@ class Translator:
 
     def translate(self, sentences: list[str], options: DecodeOptions | None = None, *,
                   prefixes: list[str] | None = None, batch_size: int = 64, max_tokens: int = 0,
-                  need_attention: bool = False, memory_budget: int | None = None, **kw) -> list[Translation]:
+                  need_attention: bool = False, memory_budget: int | None = None, number_from: int = 1,
+                  **kw) -> list[Translation]:
         """Translate in length-sorted batches (less padding); results come back in input order.
 
         Options come as a DecodeOptions or as keywords (`beam=5, len_penalty=1.0`); `prefixes` force
         each output to start with the given target text. With nbest > 1 each result lists the others
         in `.nbest`. Batches hold at most `batch_size` sentences and, if set, `max_tokens` source tokens,
         and are cut further until each search fits in `memory_budget` bytes (default: half the memory
-        available when the call starts); a sentence that cannot fit alone raises ConfigError.
+        available when the call starts); a sentence that cannot fit alone raises ConfigError. A truncation
+        warning numbers the sentences from `number_from` (1: the first of `sentences`).
         """
         opts = options or DecodeOptions(**kw)
         self._check_request(sentences, prefixes, opts, need_attention)
-        src_ids = self.encode_sources(sentences)
+        src_ids = self.encode_sources(sentences, number_from)
         lengths = [len(s) + 1 for s in src_ids]  # with EOS
         order = sorted(range(len(sentences)), key=lambda i: lengths[i])
         if memory_budget is None:

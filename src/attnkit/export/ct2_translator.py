@@ -161,13 +161,14 @@ class CT2Translator:
 
     def translate(self, sentences: list[str], options: DecodeOptions | None = None, *,
                   prefixes: list[str] | None = None, batch_size: int = 64, max_tokens: int = 0,
-                  need_attention: bool = False, memory_budget: int | None = None, **kw) -> list[Translation]:
+                  need_attention: bool = False, memory_budget: int | None = None, number_from: int = 1,
+                  **kw) -> list[Translation]:
         """As `Translator.translate`: results in input order, n-best in `.nbest`. CTranslate2 batches (at most
         `batch_size` sentences or, if set, `max_tokens` tokens) and manages its memory itself: `memory_budget`
         is accepted for the same signature and not used."""
         opts = options or DecodeOptions(**kw)
         self._check_request(prefixes, opts, need_attention)
-        src_ids = self.encode_sources(sentences)
+        src_ids = self.encode_sources(sentences, number_from)
         batching = dict(max_batch_size=max_tokens or batch_size, batch_type="tokens" if max_tokens else "examples")
         search = functools.partial(self._search, src_ids, self.output_limits(src_ids, opts), opts, need_attention,
                                    batching)
