@@ -168,7 +168,8 @@ def test_lm_ablation_trains_scores_and_tabulates_every_model(ablation):
     summary = json.loads((out / "lm_ablation.json").read_text())
     assert summary["split"] == "valid" and summary["lengths"] == [8, 16, 32] and summary["streams"] == 2
     first = summary["models"][0]
-    losses = np.load(out / "m-xl" / "eval" / "valid-L32-T8-B2-N120.npy")
+    (cached,) = (out / "m-xl" / "eval").glob("valid-L32-T8-B2-N120-*.npy")  # named by the checkpoint it scored
+    losses = np.load(cached)
     assert first["losses"]["32"] == pytest.approx(float(losses[:, :summary["tokens"] // 2].mean()), rel=1e-6)
     assert set(summary["relative_gains"]) == {"r=0.1", "r=0.5"}
     assert (out / "lm_ablation.png").read_bytes()[:4] == b"\x89PNG"

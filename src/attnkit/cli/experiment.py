@@ -59,7 +59,8 @@ def _add_budget_options(p, whose: str) -> None:
     p.add_argument("--minutes", type=float, help="the same wall-clock training budget for every model "
                                                  f"(default: {whose} train.max_minutes)")
     p.add_argument("--force", action="store_true", help="retrain models whose folder already holds a run")
-    p.add_argument("--reuse", action="store_true", help="evaluate models already trained in OUT instead of training")
+    p.add_argument("--reuse", action="store_true", help="evaluate models already trained in OUT with the same "
+                                                        "settings and data instead of training")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_decode_options(p)
 
@@ -98,6 +99,8 @@ def _add_lm_ablation(ex) -> None:
     a.add_argument("--eval-tokens", type=int, default=0, help="score only the first N tokens (0 = the whole split)")
     a.add_argument("--recl-r", type=float, nargs="+", default=[0.1, 0.5], help="RECL's fractions of hardest tokens")
     a.add_argument("--recl-threshold", type=float, default=0.01, help="RECL's relative-gain threshold")
+    a.add_argument("--force", action="store_true", help="train every model anew (a rerun reuses the models of the "
+                                                        "same settings and refuses others)")
     a.add_argument("--quiet", action="store_true", help="no progress bars")
     add_device_option(a)
 
@@ -166,6 +169,6 @@ def cmd_lm_ablation(args: argparse.Namespace, overrides: list[str]) -> None:
                        args.device)
     ab.lm_ablation(args.models or ab.default_presets(level), data, out, args.lengths or ab.default_lengths(level), ev,
                    overrides=overrides, minutes=args.minutes_per_model, recl_r=args.recl_r,
-                   threshold=args.recl_threshold, progress=not args.quiet)
+                   threshold=args.recl_threshold, force=args.force, progress=not args.quiet)
     print((out / "lm_ablation.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {out}/lm_ablation.md, lm_ablation.csv, lm_ablation.json, lm_ablation.png")

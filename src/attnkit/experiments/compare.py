@@ -3,6 +3,9 @@
 For each preset: parameters, training time, dev/test BLEU and perplexity (`compare.csv`, `compare.md`,
 `compare.png`), every model trained on the same prepared data under the same wall-clock budget.
 
+A run folder that holds a model is trained again only with --force; --reuse evaluates it only where it was trained
+with the same resolved config and data (`attnkit.experiments.runs`), so a rerun never mixes runs of other settings.
+
 `attnkit experiment heads` runs the same machinery over one preset with 1, 2, 4, 8 heads at equal d_model
 (d_k = d_v = d_model / h, so the parameters stay: Vaswani et al. 2017, table 3, rows A) and writes `heads.*`.
 """
@@ -22,6 +25,7 @@ from attnkit.data import TokenBatchSampler, iterate_batches, load_split, read_li
 from attnkit.decode import DecodeOptions, Translator, score_targets
 from attnkit.errors import AttnkitError
 from attnkit.eval import translate_and_score
+from attnkit.experiments.runs import clear_run, record_run, refuse_other_run, run_identity
 from attnkit.experiments.tables import cell, write_table
 from attnkit.nn import prepacked
 from attnkit.viz.figure import finish, subplots
@@ -76,17 +80,28 @@ def evaluate_checkpoint(path: Path, data_dir: Path, options: DecodeOptions, devi
     return out
 
 
-def _train_one(preset: str, overrides: list[str], data_dir: Path, run_dir: Path, *, force: bool, reuse: bool,
-               progress: bool, say: Callable[[str], None]) -> None:
-    from attnkit.train.trainer import Trainer
-
+def _check_run(preset: str, overrides: list[str], data_dir: Path, run_dir: Path, *, force: bool, reuse: bool
+               ) -> tuple[cfgmod.RunConfig, dict, bool]:
+    """(config, identity, whether to train) of one model, refusing a run in `run_dir` that neither `force` (train
+    anew) nor `reuse` (evaluate it, when it has these settings and data: `attnkit.experiments.runs`) allows."""
+    cfg = cfgmod.resolve([preset], overrides)
+    identity = run_identity(cfg, data_dir)
     last = run_dir / "checkpoints" / "last.safetensors"
-    if last.exists() and reuse:
-        say(f"{run_dir}: already trained, evaluating it as it is")
-        return
+    if last.exists() and reuse and not force:
+        refuse_other_run(run_dir, identity, "pass --force to train it again with this run's settings")
+        return cfg, identity, False
     if last.exists() and not force:
         raise AttnkitError(f"{run_dir} already holds a run; pass --force to retrain it or --reuse to evaluate it")
-    cfg = cfgmod.resolve([preset], overrides)
+    return cfg, identity, True
+
+
+def _train_one(preset: str, cfg: cfgmod.RunConfig, identity: dict, data_dir: Path, run_dir: Path, *,
+               progress: bool, say: Callable[[str], None]) -> None:
+    """Train from an empty run folder: a best or epoch checkpoint another run left must not be scored for this one."""
+    from attnkit.train.trainer import Trainer
+
+    clear_run(run_dir)
+    record_run(run_dir, identity)
     say(f"training {preset} ({cfg.model.kind}, budget {cfg.train.max_minutes or 'none'} min) in {run_dir}")
     Trainer(cfg, data_dir, run_dir, force=True, progress=progress).fit()
 
@@ -147,11 +162,15 @@ def compare_specs(specs: Sequence[ModelSpec], data_dir: str | Path, out_dir: str
     if len(set(names)) != len(names):
         raise AttnkitError(f"experiment compare: model names repeat ({', '.join(names)}); each needs its own folder")
     budget = [f"train.max_minutes={minutes}"] if minutes is not None else []
+    plans = [_check_run(spec.preset, [*overrides, *spec.overrides, *budget], data_dir, out_dir / spec.name,
+                        force=force, reuse=reuse) for spec in specs]  # every model checked before any trains
     results = []
-    for spec in specs:
+    for spec, (cfg, identity, train) in zip(specs, plans):
         name, run_dir = spec.name, out_dir / spec.name
-        _train_one(spec.preset, [*overrides, *spec.overrides, *budget], data_dir, run_dir, force=force, reuse=reuse,
-                   progress=progress, say=say)
+        if train:
+            _train_one(spec.preset, cfg, identity, data_dir, run_dir, progress=progress, say=say)
+        else:
+            say(f"{run_dir}: trained with these settings and data already, evaluating it as it is")
         best, last = run_dir / "checkpoints" / "best.safetensors", run_dir / "checkpoints" / "last.safetensors"
         ckpt = load_checkpoint(last)  # the training position: time and updates spent
         chosen = best if best.exists() else last

@@ -24,12 +24,16 @@ more, through its own memory: that is Transformer-XL's point).
 
 OUT/lm_ablation.{md,csv}: perplexity (bits per character for a character-level corpus) by model x attention length,
 the best of each row, RECL for each r; OUT/lm_ablation.json: everything, with the relative gains; OUT/lm_ablation.png.
-Resumable: a model with OUT/<model>/finished.json is not trained again, one with a checkpoint resumes, an
-evaluation whose losses are on disk is not run again.
+Resumable, and never mixed: each model's resolved config (budget and overrides included) and data fingerprint are
+recorded beside it (OUT/<model>/identity.json, `attnkit.experiments.runs`). A rerun with the same ones does not train
+a finished model (OUT/<model>/finished.json) again, resumes one with a checkpoint, and reads the losses on disk of
+the same checkpoint (their file names hold its key); a rerun with others refuses in one line naming the difference,
+and `force` trains every model anew. OUT/data, prepared from a named corpus, is used for that corpus only.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +47,7 @@ from attnkit.data.lm import CORPUS_FILE, load_lm_corpus, prepare_lm
 from attnkit.errors import AttnkitError
 from attnkit.eval.lm import evaluate_segments
 from attnkit.eval.recl import recl, relative_gains
+from attnkit.experiments.runs import clear_run, evaluation_key, record_run, refuse_other_run, run_identity
 from attnkit.experiments.tables import cell, write_table
 from attnkit.io import atomic_write_json
 from attnkit.runtime import resolve_device
@@ -50,6 +55,7 @@ from attnkit.viz.figure import finish, subplots
 
 ABLATION_SUFFIXES = ("-no-recurrence", "-absolute", "-vanilla", "-lstm")  # after the Transformer-XL's own name
 FINISHED = "finished.json"
+PREPARED_FROM = "prepared_from.json"  # in OUT/data: the named corpus it was prepared from
 
 
 @dataclass(frozen=True)
@@ -92,17 +98,30 @@ def prepare_data(data: str, out_dir: Path, corpora_dir: Path, say: Callable[[str
     if data not in CORPORA:
         raise AttnkitError(f"--data {data}: neither a folder written by `attnkit lm prepare` nor one of "
                            f"{', '.join(CORPORA)}")
-    target = out_dir / "data"
+    target, c = out_dir / "data", CORPORA[data]
     if (target / CORPUS_FILE).is_file():
+        _check_prepared_from(target, data)
         return target
-    c = CORPORA[data]
     files = [None if name is None else corpora_dir / name for name in (c.train, c.valid, c.test)]
     missing = [str(f) for f in files if f is not None and not f.is_file()]
     if missing:
         raise AttnkitError(f"--data {data}: no {', '.join(missing)} (point --corpora at the shared data folder)")
     say(f"preparing {data} ({c.level} level) in {target}")
     prepare_lm(target, files[0], files[1], files[2], level=c.level, valid_fraction=c.valid_fraction)
+    atomic_write_json(target / PREPARED_FROM, {"corpus": data})
     return target
+
+
+def _check_prepared_from(target: Path, data: str) -> None:
+    """OUT/data serves the corpus it was prepared from, never another one named in a later run."""
+    try:
+        source = json.loads((target / PREPARED_FROM).read_text(encoding="utf-8"))["corpus"]
+    except (OSError, ValueError, KeyError, TypeError):  # prepared before the record: its level tells at least
+        level = load_lm_corpus(target).vocab.level
+        source = data if level == CORPORA[data].level else f"a {level}-level corpus"
+    if source != data:
+        raise AttnkitError(f"--data {data}: {target} was prepared from {source} by an earlier run; "
+                           "choose another --out")
 
 
 def default_lengths(level: str) -> tuple[int, ...]:
@@ -116,18 +135,25 @@ def default_split(data_dir: Path) -> str:
 
 
 # --- training -----------------------------------------------------------------------------------------------------
-def train_model(preset: str, overrides: Sequence[str], data_dir: Path, run_dir: Path, *, progress: bool,
-                say: Callable[[str], None]) -> None:
-    """Train one model unless it has finished (OUT/<model>/finished.json); a run with a checkpoint resumes."""
+def resolve_run(preset: str, overrides: Sequence[str]) -> cfgmod.LMRunConfig:
+    """The run config one model of the ablation trains with."""
+    cfg = cfgmod.resolve([preset], list(overrides), cls=cfgmod.LMRunConfig)
+    if cfg.train.schedule == "cosine" and cfg.train.max_minutes and cfg.train.horizon == "steps":
+        # one wall-clock budget per model: each one's learning rate decays over it, however fast the model runs
+        cfg = cfgmod.resolve([preset], [*overrides, "train.horizon=time"], cls=cfgmod.LMRunConfig)
+    return cfg
+
+
+def train_model(preset: str, cfg: cfgmod.LMRunConfig, data_dir: Path, run_dir: Path, *, identity: dict,
+                progress: bool, say: Callable[[str], None]) -> None:
+    """Train one model unless it has finished (OUT/<model>/finished.json); a run with a checkpoint resumes. The
+    caller has checked that a run in `run_dir` is one of `identity` (`refuse_other_run`)."""
     from attnkit.train.lm_trainer import LMTrainer  # here: evaluating needs no trainer
 
     if (run_dir / FINISHED).is_file():
         say(f"{run_dir.name}: trained already")
         return
-    cfg = cfgmod.resolve([preset], list(overrides), cls=cfgmod.LMRunConfig)
-    if cfg.train.schedule == "cosine" and cfg.train.max_minutes and cfg.train.horizon == "steps":
-        # one wall-clock budget per model: each one's learning rate decays over it, however fast the model runs
-        cfg = cfgmod.resolve([preset], [*overrides, "train.horizon=time"], cls=cfgmod.LMRunConfig)
+    record_run(run_dir, identity)
     resume = (run_dir / "checkpoints" / "last.safetensors").is_file()
     say(f"{'resuming' if resume else 'training'} {preset} ({cfg.model.kind}, budget {cfg.train.max_minutes or 'none'} "
         f"min, {cfg.train.max_steps or 'no'} step limit) in {run_dir}")
@@ -182,8 +208,9 @@ def _checkpoint(run_dir: Path) -> Path:
 def token_losses(run_dir: Path, data_dir: Path, lengths: Sequence[int], ev: Evaluation,
                  say: Callable[[str], None]) -> tuple[AblationRow, dict[int, np.ndarray]]:
     """The model of `run_dir` (its best checkpoint) scored at every attention length: its table row and the
-    per-token losses (B, N) per length, read from OUT/<model>/eval/ when they were computed before."""
+    per-token losses (B, N) per length, read from OUT/<model>/eval/ when this checkpoint was scored before."""
     path = _checkpoint(run_dir)
+    key = evaluation_key(path, data_dir)
     last = run_dir / "checkpoints" / "last.safetensors"
     ckpt = load_checkpoint(last if last.is_file() else path)  # the training position
     device = resolve_device(ev.device)
@@ -196,7 +223,7 @@ def token_losses(run_dir: Path, data_dir: Path, lengths: Sequence[int], ev: Eval
     out = {}
     for length in lengths:
         t = min(ev.segment, length)
-        cache = run_dir / "eval" / f"{ev.split}-L{length}-T{t}-B{ev.batch_size}-N{ev.max_tokens}.npy"
+        cache = run_dir / "eval" / f"{ev.split}-L{length}-T{t}-B{ev.batch_size}-N{ev.max_tokens}-{key}.npy"
         if cache.is_file():
             out[length] = np.load(cache)
             continue
@@ -225,8 +252,10 @@ def common_tokens(losses: dict[str, dict[int, np.ndarray]]) -> dict[str, dict[in
 # --- the experiment -----------------------------------------------------------------------------------------------
 def lm_ablation(presets: Sequence[str], data_dir: Path, out_dir: Path, lengths: Sequence[int], ev: Evaluation, *,
                 overrides: Sequence[str] = (), minutes: float | None = None, recl_r: Sequence[float] = (0.1, 0.5),
-                threshold: float = 0.01, progress: bool = True, say: Callable[[str], None] = print) -> dict:
-    """Train every preset on `data_dir` under the same budget, score each at every attention length, tabulate."""
+                threshold: float = 0.01, force: bool = False, progress: bool = True,
+                say: Callable[[str], None] = print) -> dict:
+    """Train every preset on `data_dir` under the same budget, score each at every attention length, tabulate.
+    Models trained before with these settings are reused; other settings are refused unless `force` (train anew)."""
     names = [Path(p).stem for p in presets]
     if len(set(names)) != len(names):
         raise AttnkitError(f"lm-ablation: model names repeat ({', '.join(names)}); each needs its own folder")
@@ -238,9 +267,15 @@ def lm_ablation(presets: Sequence[str], data_dir: Path, out_dir: Path, lengths: 
                            f"{ev.max_tokens // ev.batch_size} per stream: no token would see an attention length of "
                            f"{lengths[-1]}; score more tokens (--eval-tokens) or fewer streams (--eval-batch-size)")
     budget = [f"train.max_minutes={minutes}"] if minutes is not None else []
+    configs = [resolve_run(preset, [*overrides, *budget]) for preset in presets]
+    identities = [run_identity(cfg, data_dir) for cfg in configs]
+    for name, identity in zip(names, identities):  # every model checked before any trains: a refusal costs no wait
+        if force:
+            clear_run(out_dir / name)
+        refuse_other_run(out_dir / name, identity, "pass --force to train the models again, or choose another --out")
     rows, losses = [], {}
-    for preset, name in zip(presets, names):
-        train_model(preset, [*overrides, *budget], data_dir, out_dir / name, progress=progress, say=say)
+    for preset, name, cfg, identity in zip(presets, names, configs, identities):
+        train_model(preset, cfg, data_dir, out_dir / name, identity=identity, progress=progress, say=say)
         row, losses[name] = token_losses(out_dir / name, data_dir, lengths, ev, say)
         rows.append(row)
     tokens = common_tokens(losses)
