@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Any
 
 STYLE = """
@@ -23,7 +24,15 @@ def page(title: str, body: str, script: str = "") -> str:
             f"<style>{STYLE}</style>\n</head>\n<body>\n{body}\n{tail}</body>\n</html>\n")
 
 
+# Written as JSON's \uXXXX escapes inside an embedded script element: < and > (then no text can close the element or
+# open a comment or a nested script in it: "</script>", "<!--", "<script"), & (an entity in XHTML), the line
+# separators U+2028 / U+2029 (raw, they end a string in older JavaScript) and lone surrogates (they have no UTF-8).
+_SCRIPT_UNSAFE = re.compile("[<>&\u2028\u2029\ud800-\udfff]")
+
+
 def embed_json(element_id: str, obj: Any) -> str:
-    """JSON inside a <script> element; '</' is escaped so no token can close the element early."""
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    """JSON inside a <script type="application/json"> element, for `JSON.parse(el.textContent)`: the characters that
+    could change the page's structure are escaped, so any text in `obj` comes back exactly and stays data."""
+    text = _SCRIPT_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                              json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
     return f'<script type="application/json" id="{element_id}">{text}</script>'
