@@ -80,7 +80,10 @@ def add_parsers(sub) -> dict[str, Callable]:
 
 def _add_attention_parser(what) -> None:
     a = what.add_parser("attention", help="attention maps of a checkpoint as PNG grids, an HTML page or --stats")
-    add_checkpoint_option(a)
+    add_checkpoint_option(a, nargs="+", metavar="CKPT",
+                          help="a .safetensors checkpoint written by attnkit; several translation checkpoints are one "
+                               "ensemble (as in `attnkit translate`), drawn with the mean of the members' maps (the "
+                               "first member's where their kinds, layers or heads differ), as each title says")
     a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
     a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
     a.add_argument("--layer", default="all", help="layer number counted from 1 (-1 = the last), or all")
@@ -161,6 +164,8 @@ def plot_attention_cmd(args, overrides: list[str]) -> None:
     from attnkit.viz.attention import plot_attention
 
     print(f"source: {view.source}\noutput: {view.output}")
+    if view.note:
+        print(f"attention: {view.note}")
     for kind, m in view.boundary.items():
         print(f"{kind}: {m} memory tokens | {len(view.queries[kind])} segment tokens")
     for kind, out in outs.items():
@@ -178,19 +183,22 @@ def explorer_cmd(args, sources: list[str], targets: list[str] | None) -> None:
 
     out = _new(args.out or "attention.html", args.force)
     n = min(len(sources), HTML_SENTENCES)
-    kind = checkpoint_kind(args.checkpoint)
+    kind = checkpoint_kind(args.checkpoint[0])
     task = "lm" if family(kind).task == "lm" else "translation"
     if targets is None and (args.beam > 1 or args.nbest > 1):
         if task == "lm":
             raise AttnkitError("--beam and --nbest are for translation models; a language model reads its text")
         if args.nbest > args.beam:
             raise AttnkitError(f"--nbest {args.nbest} is more than --beam {args.beam}")
-        translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+        translator = Translator.from_checkpoints(args.checkpoint, device=args.device)
         items = translation_views(translator, sources[:n], DecodeOptions(beam=args.beam, nbest=args.nbest))
     else:
         items = [[v] for v in load_views(args.checkpoint, sources[:n], None if targets is None else targets[:n],
                                          args.device, mem_len=args.mem_len)]
-    write_explorer(items, out, title=f"attention of {Path(args.checkpoint).name}", model=kind, task=task)
+    note = items[0][0].note
+    title = f"attention of {', '.join(Path(p).name for p in args.checkpoint)}" + (f" ({note})" if note else "")
+    model = f"ensemble of {len(args.checkpoint)} checkpoints (the first: {kind})" if len(args.checkpoint) > 1 else kind
+    write_explorer(items, out, title=title, model=model, task=task)
     print(f"wrote {out} ({n} input{'s' * (n > 1)})")
     if args.bertviz:
         _save_bertviz(args, [hyps[0] for hyps in items])
@@ -216,7 +224,7 @@ def attention_stats_cmd(args) -> None:
 
     if args.html:
         raise AttnkitError("--stats prints a table; draw the --html page in a separate call")
-    kind = checkpoint_kind(args.checkpoint)
+    kind = checkpoint_kind(args.checkpoint[0])
     if family(kind).task == "lm":
         raise AttnkitError(f"--stats measures how diagonal encoder-decoder attention is; a {kind} language model "
                            "has none (draw its self-attention without --stats)")
@@ -225,6 +233,8 @@ def attention_stats_cmd(args) -> None:
     sources, targets = _sentences(args)
     views = load_views(args.checkpoint, sources, targets, args.device)
     print(f"targets: {'--tgt-file' if targets is not None else 'greedy translations'}")
+    if views[0].note:
+        print(f"attention: {views[0].note}")
     print(diagonal_stats(views, "cross").table())
 
 

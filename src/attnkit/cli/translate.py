@@ -21,10 +21,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     tr = sub.add_parser("translate", help="translate text with a checkpoint: greedy, beam search or sampling",
                         description=TRANSLATE_DESCRIPTION)
     tr.set_defaults(keeps_freed_memory=True)
-    add_checkpoint_option(tr, nargs="+", metavar="CKPT",
-                          help="a .safetensors checkpoint written by attnkit; several (e.g. a run's last epochs, "
-                               "RUN/checkpoints/epoch*.safetensors) decode as one model, an ensemble averaging their "
-                               "probabilities at every step (same tokenizers)")
+    add_checkpoint_option(tr, nargs="+", metavar="CKPT", help=ENSEMBLE_HELP)
     tr.add_argument("--engine", choices=["attnkit", "ctranslate2"], default="attnkit",
                     help="attnkit: PyTorch, with the checkpoint; ctranslate2: CTranslate2 (pip install ctranslate2), "
                          "with --checkpoint naming a folder written by `attnkit export` (same output formats and "
@@ -52,7 +49,7 @@ def add_parsers(sub) -> dict[str, Callable]:
 
     sc = sub.add_parser("score", help="forced decoding: log P(target | source) for each line pair")
     sc.set_defaults(keeps_freed_memory=True)
-    add_checkpoint_option(sc)
+    add_checkpoint_option(sc, nargs="+", metavar="CKPT", help=ENSEMBLE_HELP)
     sc.add_argument("--src", required=True, help="source file")
     sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
     add_device_option(sc)
@@ -60,7 +57,10 @@ def add_parsers(sub) -> dict[str, Callable]:
     sv = sub.add_parser("serve", help="an HTTP service: translation (JSON) or a language model (streamed samples), "
                                       "with the attention explorer at / (FastAPI + uvicorn; extra 'serve')")
     sv.set_defaults(keeps_freed_memory=True)
-    add_checkpoint_option(sv)
+    add_checkpoint_option(sv, nargs="+", metavar="CKPT",
+                          help=ENSEMBLE_HELP + "; the explorer at / draws the mean of the members' attention (the "
+                               "first member's where their kinds, layers or heads differ). A language model is served "
+                               "alone")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     sv.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     add_device_option(sv)
@@ -84,6 +84,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     return {"translate": cmd_translate, "score": cmd_score, "serve": cmd_serve, "evaluate": cmd_evaluate}
 
 
+ENSEMBLE_HELP = ("a .safetensors checkpoint written by attnkit; several (e.g. a run's last epochs, "
+                 "RUN/checkpoints/epoch*.safetensors) run as one model, an ensemble averaging their probabilities at "
+                 "every step (same tokenizers)")
 TRANSLATE_DESCRIPTION = """\
 Translate sentences, one per line, with a checkpoint written by `attnkit train` or `attnkit demo`:
 
@@ -208,9 +211,10 @@ def cmd_score(args, overrides: list[str]) -> None:
     from attnkit.data import read_parallel
     from attnkit.decode import Translator
 
-    check_checkpoint(args.checkpoint)
+    for path in args.checkpoint:
+        check_checkpoint(path)
     src, tgt = read_parallel(args.src, args.tgt)
-    for lp in Translator.from_checkpoint(args.checkpoint, device=args.device).score(src, tgt):
+    for lp in Translator.from_checkpoints(args.checkpoint, device=args.device).score(src, tgt):
         print(f"{lp:.4f}")
 
 
@@ -221,7 +225,8 @@ def cmd_serve(args, overrides: list[str]) -> None:
         raise AttnkitError(str(e)) from None
     from attnkit.checkpoint import check_checkpoint
 
-    check_checkpoint(args.checkpoint)
+    for path in args.checkpoint:
+        check_checkpoint(path)
     serve(args.checkpoint, host=args.host, port=args.port, device=args.device, quantize=args.quantize,
           max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms, max_queue=args.max_queue,
           request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,

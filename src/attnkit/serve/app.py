@@ -147,10 +147,11 @@ def _checked(req: TranslateRequest, caps: Limits) -> tuple[list[str], DecodeOpti
         raise ApiError(422, str(e)) from None
 
 
-def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
+def serve(checkpoint: str | list[str], *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           quantize: str | None = None, **app_kw) -> None:
     """Load `checkpoint` and serve it over HTTP until SIGTERM or Ctrl-C: a translation model (int8 weights with
-    quantize="int8") through `create_app`, a language model through `create_lm_app`; `app_kw` go to them.
+    quantize="int8"), or several as one ensemble (`Translator.from_checkpoints`), through `create_app`, a language
+    model through `create_lm_app`; `app_kw` go to them.
 
     On SIGTERM uvicorn stops accepting connections and waits for the requests it has accepted (up to the
     per-request time limit); the process then exits normally (0), not by the signal (143).
@@ -166,14 +167,21 @@ def serve(checkpoint: str, *, host: str = "127.0.0.1", port: int = 8000, device:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _load_app(checkpoint: str, device: str, quantize: str | None, app_kw: dict) -> FastAPI:
+def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, app_kw: dict) -> FastAPI:
+    from pathlib import Path
+
     from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
     from attnkit.config import family
     from attnkit.runtime import resolve_device
 
+    paths = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+    checkpoint = paths[0]
     kind = load_checkpoint(checkpoint).kind
     if family(kind, f"{checkpoint}: model kind").task != "lm":
-        return create_app(Translator.from_checkpoint(checkpoint, device, quantize=quantize), **app_kw)
+        return create_app(Translator.from_checkpoints(paths, device, quantize=quantize), **app_kw)
+    if len(paths) > 1:
+        raise ConfigError(f"{checkpoint} holds a {kind} language model: serve one at a time (ensembles are of "
+                          "translation models)")
     if quantize not in (None, "none"):
         raise ConfigError(f"--quantize {quantize} is for translation models; {checkpoint} holds a {kind} "
                           "language model")

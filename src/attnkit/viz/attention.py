@@ -21,7 +21,7 @@ from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
 from attnkit.config import family
 from attnkit.data.batching import collate
 from attnkit.data.tokenizer import BOS_ID, EOS_ID
-from attnkit.decode import DecodeOptions, Translator
+from attnkit.decode import DecodeOptions, Ensemble, Translator
 from attnkit.decode.lm import LMContext, SlidingWindow, context_rule, generate, open_context
 from attnkit.errors import AttnkitError
 from attnkit.viz.figure import Plot, finish, subplots
@@ -41,7 +41,8 @@ class AttentionView:
     maps: kind -> per layer (H, Tq, Tk). Translation models give "encoder", "decoder" and "cross";
     a language model gives "self" and marks the memory with `boundary`; an RNN gives "cross" (1 layer,
     1 head). queries / keys: kind -> tick labels. content: kind -> (rows, cols) that are real tokens
-    (the rest are EOS/BOS), used by the statistics.
+    (the rest are EOS/BOS), used by the statistics. note: whose maps these are where they are not one
+    model's own (an ensemble's: `Ensemble.attention_note`), added to every title.
     """
 
     source: str
@@ -53,6 +54,7 @@ class AttentionView:
     content: dict[str, tuple[int, int]] = field(default_factory=dict)
     score: float | None = None  # a search's hypothesis: its summed log-probability
     norm_score: float | None = None  # and the score the search ranked it by
+    note: str = ""
 
     def layers(self, kind: str) -> list[np.ndarray]:
         if kind not in self.maps:
@@ -60,10 +62,10 @@ class AttentionView:
         return self.maps[kind]
 
     def title(self, kind: str) -> str:
-        """What a kind is called on the pictures (an LM's "self" without memory is plain causal attention)."""
-        if kind == "self" and kind not in self.boundary:
-            return LM_TITLE_NO_MEMORY
-        return TITLES.get(kind, kind)
+        """What a kind is called on the pictures (an LM's "self" without memory is plain causal attention), with
+        the view's note."""
+        name = LM_TITLE_NO_MEMORY if kind == "self" and kind not in self.boundary else TITLES.get(kind, kind)
+        return f"{name} ({self.note})" if self.note else name
 
 
 # --- drawing -------------------------------------------------------------------------------
@@ -182,7 +184,8 @@ def translation_views(translator, sources: list[str], options: DecodeOptions) ->
 
 def teacher_forced_views(translator, sources: list[str], src_ids: list[np.ndarray], tgt_ids: list,
                          batch_size: int = 32) -> list[AttentionView]:
-    """The maps of `model.attention` for each (source ids, target ids) pair, cut to length and labelled."""
+    """The maps of `model.attention` for each (source ids, target ids) pair, cut to length and labelled (an
+    ensemble's: the members' mean, or its first member's, as its `attention_note` says)."""
     views: list[AttentionView] = []
     for start in range(0, len(sources), batch_size):
         idx = list(range(start, min(start + batch_size, len(sources))))
@@ -211,12 +214,13 @@ def _seq2seq_view(translator, maps: dict[str, list[np.ndarray]], row: int, sourc
         maps={k: [m[row, :, : len(tokens[q]), : len(tokens[c])] for m in maps[k]] for k, (q, c) in sides.items()},
         queries={k: tokens[q] for k, (q, _) in sides.items()},
         keys={k: tokens[c] for k, (_, c) in sides.items()},
-        content={k: (len(tokens[q]) - 1, len(tokens[c]) - 1) for k, (q, c) in sides.items()})  # no EOS / BOS
+        content={k: (len(tokens[q]) - 1, len(tokens[c]) - 1) for k, (q, c) in sides.items()},  # no EOS / BOS
+        note=translator.model.attention_note if isinstance(translator.model, Ensemble) else "")
 
 
-def seq2seq_loader(checkpoint: str | Path, sources: list[str], targets: list[str] | None,
+def seq2seq_loader(checkpoints: list[str | Path], sources: list[str], targets: list[str] | None,
                    device: str) -> list[AttentionView]:
-    return seq2seq_views(Translator.from_checkpoint(checkpoint, device=device), sources, targets)
+    return seq2seq_views(Translator.from_checkpoints(checkpoints, device=device), sources, targets)
 
 
 # --- model side: language models -> views ----------------------------------------------------
@@ -324,18 +328,23 @@ def checkpoint_kind(checkpoint: str | Path) -> str:
     return load_checkpoint(checkpoint).kind
 
 
-def load_views(checkpoint: str | Path, sources: list[str], targets: list[str] | None = None,
+def load_views(checkpoint: str | Path | list[str | Path], sources: list[str], targets: list[str] | None = None,
                device: str = "cpu", *, mem_len: int | None = None) -> list[AttentionView]:
     """The attention views of any model kind that returns its maps, read from its checkpoint: language
     models read each source as one text (`mem_len`: how many of its tokens become the memory), seq2seq
-    models translate each source (or read the given target) and return every map."""
-    kind = checkpoint_kind(checkpoint)
-    fam = family(kind, f"{checkpoint}: model kind")
+    models translate each source (or read the given target) and return every map. Several translation
+    checkpoints are one ensemble (`Translator.from_checkpoints`), drawn with its attention (`Ensemble`)."""
+    paths = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
+    kind = checkpoint_kind(paths[0])
+    fam = family(kind, f"{paths[0]}: model kind")
     if not fam.attention:
         how = "its context is a recurrent state" if fam.task == "lm" else "it reads the source through one fixed vector"
         raise AttnkitError(f"a '{kind}' model has no attention to draw ({how})")
     if fam.task == "lm":
-        return lm_loader(checkpoint, sources, targets, device, mem_len)
+        if len(paths) > 1:
+            raise AttnkitError(f"{paths[0]} holds a '{kind}' language model: draw one at a time (ensembles are of "
+                               "translation models)")
+        return lm_loader(paths[0], sources, targets, device, mem_len)
     if mem_len is not None:
         raise AttnkitError(f"--mem-len is for language models; a '{kind}' model has no memory")
-    return seq2seq_loader(checkpoint, sources, targets, device)
+    return seq2seq_loader(paths, sources, targets, device)
