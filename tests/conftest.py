@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnkit.bench.int8_families import apply_engine
 from attnkit.config import RunConfig, TrainConfig, TransformerConfig
 from attnkit.data import prepare, write_number_corpus
 
 torch.set_num_threads(2)
+apply_engine()  # tests/test_int8.py runs the int8 tests once per kernel family, each in a process of its own
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

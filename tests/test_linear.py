@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.nn import FeedForward, Linear, linear
-from attnkit.nn.linear import PackedWeights, int8_unavailable, packable, prepacked
+from attnkit.nn.linear import PackedWeights, packable, prepacked
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built in")
 ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}
@@ -126,53 +126,3 @@ def test_packed_linear_in_bfloat16():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), F.linear(x.float(), lin.weight.float(), lin.bias.float()),
                                atol=0.05, rtol=0.02)
-
-
-# --- int8 copies ---------------------------------------------------------------------------------------------
-needs_int8 = pytest.mark.skipif(bool(int8_unavailable()), reason=int8_unavailable() or "int8 runs here")
-
-
-def int8_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """What the int8 path must compute, in float64: w rows quantised symmetrically (scale = max|row| / 127), x
-    quantised to uint8 with one affine scale over the whole tensor (range widened to hold 0), exact products."""
-    w64, x64 = w.double(), x.double()
-    w_scale = w64.abs().amax(1).clamp_min(1e-12) / 127  # (N,)
-    qw = torch.round(w64 / w_scale[:, None]).clamp(-127, 127)  # (N, K)
-    lo, hi = min(x64.min().item(), 0.0), max(x64.max().item(), 0.0)
-    x_scale = (hi - lo) / 255 or 1.0
-    zero = round(-lo / x_scale)
-    qx = (torch.round(x64 / x_scale) + zero).clamp(0, 255) - zero  # (..., K)
-    y = (qx @ qw.T) * x_scale * w_scale  # (..., N)
-    return y if b is None else y + b.double()
-
-
-@needs_int8
-@pytest.mark.parametrize("rows", [None, (3, 11)])
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
-def test_int8_linear_is_the_quantised_product(rows, activation):
-    torch.manual_seed(0)
-    lin, x = Linear(64, 24), torch.randn(2, 7, 64)
-    w, b = (lin.weight, lin.bias) if rows is None else (lin.weight[rows[0] : rows[1]], lin.bias[rows[0] : rows[1]])
-    with torch.no_grad(), prepacked(PackedWeights(int8=True)):
-        out = linear(x, lin.weight, lin.bias, rows=rows, activation=activation)
-        exact = ACTIVATIONS[activation](F.linear(x, w, b))
-    ref = ACTIVATIONS[activation](int8_reference(x, w, b)).float()
-    assert out.shape == exact.shape and out.dtype == torch.float32
-    scale = exact.abs().max().item()
-    assert (out - ref).abs().max().item() < 1e-3 * scale  # the kernel computes the quantised product...
-    assert (out - exact).abs().max().item() > 1e-5 * scale  # ...which is not the float one (int8 really ran)
-    assert (out - exact).abs().max().item() < 0.03 * scale  # ...but close to it
-
-
-@needs_int8
-def test_int8_copies_serve_float32_inputs_in_their_scope_only():
-    torch.manual_seed(2)
-    lin, x = Linear(32, 16), torch.randn(5, 32)
-    with torch.no_grad():
-        plain = F.linear(x, lin.weight, lin.bias)
-        with prepacked(PackedWeights(int8=True)) as cache:
-            assert packable(x, lin.weight) and not packable(x.bfloat16(), lin.weight.bfloat16())
-            quantised = lin(x)
-            assert len(cache) == 1
-        torch.testing.assert_close(lin(x), plain)  # outside the scope: float32 again
-    assert not torch.equal(quantised, plain)

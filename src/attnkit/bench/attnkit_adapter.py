@@ -21,7 +21,7 @@ from attnkit.bench.workloads import LMAdapter, LMShape, Mems, MTAdapter, MTShape
 from attnkit.config import TransformerConfig, TransformerXLConfig
 from attnkit.decode import beam_search, greedy_search
 from attnkit.models import Transformer, build_model
-from attnkit.nn import PackedWeights, int8_unavailable, prepacked
+from attnkit.nn import PackedWeights, int8_kernels, int8_unavailable, prepacked
 from attnkit.runtime import keep_freed_memory
 
 # The benchmarks never change a model's weights: its prepacked copies are made once, as a Translator's are.
@@ -83,10 +83,12 @@ ATTNKIT = Toolkit(
 def int8_toolkit() -> Toolkit:
     """Decoding with int8 weights and dynamically quantised inputs (every linear map, output projection included)."""
     why = int8_unavailable()
+    notes = MT_NOTES + "; int8 weights (one scale per row), inputs quantised per product" + (
+        "" if why else f" ({int8_kernels()})")
     return Toolkit(name="attnkit-int8", version=__version__,
                    mt=MTAdapter(attnkit_mt_build, attnkit_mt_logits,
                                 functools.partial(attnkit_mt_generate, int8=True),
-                                MT_NOTES + "; int8 weights (one scale per row), inputs quantised per product"),
+                                notes),
                    missing={w: why for w in MT_DECODING} if why else {})
 
 

@@ -26,6 +26,15 @@ use AVX2, AVX-512 and VNNI instructions), accumulated in int32 and returned in f
 (AVX-512 VNNI), a (64, 512) x (512, 2048) product took 0.10 ms instead of 0.26 ms, the (64, 512) x (512,
 32000) output projection 1.2 ms instead of 4.3 ms. The price is rounding: each output is off by about 1% of
 its scale, which the tests and the BLEU figures in docs/speed.md bound.
+
+The input's range depends on the kernels. With VNNI (or AMX) a u8 x s8 product is added straight into int32.
+Without it (AVX2, AVX-512F/BW) the kernels add pairs of products in 16 bits with saturation
+(`vpmaddubsw`): two inputs of 255 times weights of 127 make 64,770, which clips to 32,767, and a product of
+true value 12.80 came out 6.48. Those kernels are exact only on inputs in 0..127 (`reduce_range`: 2 x 127 x
+127 = 32,258 fits). Which kernels run is fbgemm's or oneDNN's choice inside the process (the CPU,
+`FBGEMM_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`, the quantized engine), so `int8_input_range()` asks the
+kernels themselves once per engine: a product whose pairs overflow 16 bits in the full range decides between
+0..255 and 0..127, and a kernel exact in neither is refused.
 """
 
 from __future__ import annotations
@@ -56,14 +65,49 @@ _FAST_INT8_ENGINES = ("x86", "fbgemm", "onednn")  # PyTorch's int8 backends with
 
 
 def int8_unavailable() -> str:
-    """Why int8 products would not be fast here ("" when they are): they need an x86 CPU with AVX2 or better
-    and one of PyTorch's x86 int8 backends."""
+    """Why int8 products would not be fast and exact here ("" when they are): they need an x86 CPU with AVX2 or
+    better, one of PyTorch's x86 int8 backends, and kernels that compute the quantised product exactly."""
     capability = torch.backends.cpu.get_cpu_capability()
     if platform.machine().lower() not in ("x86_64", "amd64") or capability not in ("AVX2", "AVX512"):
         return f"this CPU ({platform.machine()}, {capability}) has no fast int8 kernels in PyTorch (AVX2 or better)"
-    if torch.backends.quantized.engine not in _FAST_INT8_ENGINES:
-        return f"the quantized engine is {torch.backends.quantized.engine!r}, not one of {_FAST_INT8_ENGINES}"
+    engine = torch.backends.quantized.engine
+    if engine not in _FAST_INT8_ENGINES:
+        return f"the quantized engine is {engine!r}, not one of {_FAST_INT8_ENGINES}"
+    if int8_input_range() is None:
+        return f"the {engine!r} int8 kernels here miss the exact quantised product even with 7-bit inputs"
     return ""
+
+
+def int8_input_range() -> int | None:
+    """The largest uint8 input the int8 kernels of the current quantized engine add up exactly: 255 where they
+    accumulate in 32 bits (VNNI, AMX), 127 where they add pairs of products in 16 bits (AVX2, AVX-512 without
+    VNNI), None where neither is exact. Measured on the kernels, once per engine (module docstring)."""
+    return _probe_input_range(torch.backends.quantized.engine)
+
+
+@functools.cache
+def _probe_input_range(engine: str) -> int | None:
+    """Run the kernels on ones: every input quantises to its top value q and every weight to +-127, so each pair of
+    products is +-2 * q * 127 (64,770 for q = 255, over int16's 32,767) and every output should be +-K exactly."""
+    k = 64
+    x = torch.ones(3, k)  # (M, K)
+    w = torch.ones(4, k)  # (N, K), rows of +1 and -1
+    w[1::2] = -1
+    exact = x @ w.T  # (M, N): +-64
+    with torch.inference_mode(False), torch.no_grad():
+        packed = _quantize_rows(w, None)
+        for reduce_range, top in ((False, 255), (True, 127)):
+            y = torch.ops.quantized.linear_dynamic(x, packed, reduce_range)  # (M, N)
+            if torch.allclose(y, exact, rtol=1e-4, atol=0):
+                return top
+    return None
+
+
+def int8_kernels() -> str:
+    """The int8 path this process takes, in words (for reports): engine and input range."""
+    top = int8_input_range()
+    bits = {255: "8-bit inputs (32-bit sums)", 127: "7-bit inputs (the kernels add pairs in 16 bits)"}
+    return f"{torch.backends.quantized.engine} engine, {bits.get(top, 'no exact kernels')}"
 
 
 def _quantize_rows(w: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
@@ -86,6 +130,10 @@ class PackedWeights:
 
     def __init__(self, int8: bool = False) -> None:
         self.int8 = int8  # int8 copies (with their bias) instead of float ones
+        if int8 and (why := int8_unavailable()):
+            raise ValueError(f"int8 products: {why}")
+        # quantise each product's input to 0..127 where the kernels would saturate on 0..255
+        self.reduce_range = int8 and int8_input_range() == 127
         self._entries: dict[int, tuple[weakref.ref, dict]] = {}
 
     def __len__(self) -> int:
@@ -185,7 +233,8 @@ def linear(
         y = F.linear(x, weight if rows is None else weight[rows[0] : rows[1]], bias)
         return y if activation is None else _ACTIVATIONS[activation](y)
     if cache.int8:
-        y = _linear_int8.get(activation, _linear_int8[None])(x, cache.get(weight, rows, bias), False)  # (..., N)
+        kernel = _linear_int8.get(activation, _linear_int8[None])
+        y = kernel(x, cache.get(weight, rows, bias), cache.reduce_range)  # (..., N)
         return y if activation in _linear_int8 else _ACTIVATIONS[activation](y)
     packed = cache.get(weight, rows)
     if activation is None:

@@ -1,0 +1,88 @@
+"""int8 decoding on every int8 kernel family this CPU can run, against float32 (docs/speed.md "int8 on every CPU").
+
+    python benchmarks/int8_families.py --checkpoint runs/multi30k/checkpoints/avg5.safetensors \
+        --src ../shared/data/multi30k/test_2016_flickr.de.gz --ref ../shared/data/multi30k/test_2016_flickr.en.gz
+
+Decodes the source file greedy and with beam 5 in float32, then once per kernel family
+(attnkit.bench.int8_families: fbgemm and oneDNN, AVX2 / AVX-512 / VNNI / AMX, each forced in a process of its
+own) with `--quantize int8`, and prints one Markdown table: sacreBLEU cased / lowercased per search, the
+sentences whose translation differs from float32's, the mean |log-probability of the int8 translation minus that of
+the float32 one| (each scored by its own model), and the input range the kernels were given (7-bit where they add
+pairs of products in 16 bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import torch
+
+from attnkit.bench.int8_families import FAMILIES, apply_engine, environment, unavailable
+from attnkit.data import read_lines
+from attnkit.decode import DecodeOptions, Translator
+from attnkit.eval import score_corpus
+from attnkit.nn import int8_input_range
+
+SEARCHES = {"greedy": DecodeOptions(), "beam 5": DecodeOptions(beam=5)}
+
+
+def decode(checkpoint: str, src_file: str, quantize: str | None) -> dict:
+    """{search: (texts, scores)} for one precision, in this process; int8 also reports its input range."""
+    torch.set_num_threads(2)
+    translator = Translator.from_checkpoint(checkpoint, device="cpu", quantize=quantize)
+    src = read_lines(src_file)
+    out: dict = {"input_range": int8_input_range() if quantize else None}
+    for name, opts in SEARCHES.items():
+        hyps = translator.translate(src, opts, batch_size=128)
+        out[name] = ([h.text for h in hyps], [h.score for h in hyps])
+    return out
+
+
+def in_family(family: str, args: argparse.Namespace) -> dict:
+    run = subprocess.run([sys.executable, __file__, "--checkpoint", args.checkpoint, "--src", args.src,
+                          "--ref", args.ref, "--child"], env=environment(family), capture_output=True, text=True,
+                         check=True)
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def row(name: str, result: dict, base: dict, refs: list[str]) -> str:
+    cells = []
+    for search in SEARCHES:
+        texts, scores = result[search]
+        bleu = score_corpus(texts, refs)
+        changed = sum(a != b for a, b in zip(texts, base[search][0]))
+        delta = sum(abs(a - b) for a, b in zip(scores, base[search][1])) / len(scores)
+        cells.append(f"{bleu.bleu:.2f} / {bleu.bleu_lc:.2f} | {changed} | {delta:.3f}")
+    bits = {None: "float32", 127: "7-bit", 255: "8-bit"}[result["input_range"]]
+    return f"| {name} | {bits} | " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--src", required=True)
+    ap.add_argument("--ref", required=True)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one family's int8 run, as JSON
+    args = ap.parse_args()
+    if args.child:
+        apply_engine()
+        print(json.dumps(decode(args.checkpoint, args.src, "int8")))
+        return
+    refs = read_lines(args.ref)
+    base = decode(args.checkpoint, args.src, None)
+    print("| kernels | inputs | greedy BLEU (cased / lc) | changed | mean abs score diff "
+          "| beam 5 BLEU (cased / lc) | changed | mean abs score diff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(row("float32", base, base, refs))
+    for family in FAMILIES:
+        if why := unavailable(family):
+            print(f"| {family} | not run: {why} |")
+            continue
+        print(row(family, in_family(family, args), base, refs), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The int8 kernel families a CPU can be made to run, and how: for tests and measurements per family.
+
+fbgemm and oneDNN pick their int8 kernels once per process from the CPU, capped by `FBGEMM_ENABLE_INSTRUCTIONS`
+(the `x86` and `fbgemm` engines' dynamic linear) and `ONEDNN_MAX_CPU_ISA` (the `onednn` engine). Each family
+below is an engine plus the variable that forces its kernels, the CPU flags they need (a family the CPU lacks
+would silently run another), and the input range `attnkit.nn.int8_input_range` must find there: 127 where
+pairs of products are added in 16 bits (AVX2, AVX-512 without VNNI), 255 where they accumulate in 32 bits.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class Family:
+    engine: str  # torch.backends.quantized.engine
+    env: dict[str, str] = field(hash=False)  # what forces its kernels
+    needs: frozenset[str]  # /proc/cpuinfo flags
+    input_range: int  # 127 or 255
+
+
+_AVX2 = frozenset({"avx2", "fma"})
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+_VNNI = _AVX512 | {"avx512_vnni"}
+FAMILIES = {
+    "fbgemm-avx2": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}, _AVX2, 127),
+    "fbgemm-avx512": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512"}, _AVX512, 127),
+    "fbgemm-avx512-256": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_256"}, _AVX512, 127),
+    "fbgemm-avx512-vnni": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1"}, _VNNI, 255),
+    "fbgemm-avx512-vnni-256": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1_256"}, _VNNI, 255),
+    "onednn-avx2": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, _AVX2, 127),
+    "onednn-avx2-vnni": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, _AVX2 | {"avx_vnni"}, 255),
+    "onednn-avx512": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, _AVX512, 127),
+    "onednn-avx512-vnni": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, _VNNI, 255),
+    "onednn-amx": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, _VNNI | {"amx_int8", "amx_tile"}, 255),
+}
+ENGINE_VARIABLE = "ATTNKIT_QUANTIZED_ENGINE"  # read by the processes that run a family (`apply_engine`)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is not there)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def unavailable(name: str) -> str:
+    """Why this process's CPU and PyTorch cannot run family `name` ("" when they can)."""
+    family = FAMILIES[name]
+    if family.engine not in torch.backends.quantized.supported_engines:
+        return f"this PyTorch has no {family.engine!r} quantized engine"
+    if missing := family.needs - cpu_flags():
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    return ""
+
+
+def environment(name: str) -> dict[str, str]:
+    """The environment of a process that runs family `name`: this one's, its kernel cap and its engine."""
+    family = FAMILIES[name]
+    return {**os.environ, **family.env, ENGINE_VARIABLE: family.engine}
+
+
+def apply_engine() -> None:
+    """In a process started with `environment(...)`: switch to its family's quantized engine. For the entry points
+    of tests and measurement scripts only (it changes process-wide state, which a library call never does)."""
+    if engine := os.environ.get(ENGINE_VARIABLE):
+        torch.backends.quantized.engine = engine
+
+
+__all__ = ["FAMILIES", "Family", "apply_engine", "cpu_flags", "environment", "unavailable"]
