@@ -1,9 +1,10 @@
-"""Helpers for the service's tests: a real uvicorn server on loopback, in a thread of the test process, and a
-translator that fails on demand."""
+"""Helpers for the service's tests: a real uvicorn server on loopback, in a thread of the test process, a
+translator that fails on demand, and a reader of server-sent events."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -58,3 +59,17 @@ def running(app) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         assert not thread.is_alive()
+
+
+def events(response) -> list[tuple[str, dict]]:
+    """The server-sent events of an httpx streaming response as they arrive: (name, data)."""
+    out, name, data = [], "message", ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif line == "" and data:
+            out.append((name, json.loads(data)))
+            name, data = "message", ""
+    return out

@@ -17,24 +17,10 @@ from attnkit.decode import DecodeOptions, Translator  # noqa: E402
 from attnkit.serve import create_app  # noqa: E402
 from attnkit.serve.lm_app import create_lm_app  # noqa: E402
 from attnkit.viz.attention import load_views, translation_views  # noqa: E402
-from serving import running  # noqa: E402
+from serving import events, running  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "BEN: the "
-
-
-def events(response: httpx.Response) -> list[tuple[str, dict]]:
-    """Server-sent events as they arrive: (name, data)."""
-    out, name, data = [], "message", ""
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            data += line[6:]
-        elif line == "" and data:
-            out.append((name, json.loads(data)))
-            name, data = "message", ""
-    return out
 
 
 @pytest.fixture(scope="module")

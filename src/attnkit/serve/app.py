@@ -9,7 +9,8 @@ Errors are one line of JSON, `{"error": "..."}`: 400 for a body that is not JSON
 a JSON Content-Type (FastAPI's guard against cross-site form posts to a local server), 422 for a body of
 the wrong shape, invalid decoding options or a value over a cap, 413 for too many or too long sentences,
 503 (with Retry-After) when the queue is full, 504 past the per-request time limit, 500 if the translation
-itself fails. None of them stops the worker or the server, and a failure stays with its own request.
+itself fails. None of them stops the worker or the server, and a failure stays with its own request. The
+explorer's requests (`POST /explore`) join the same queue, under the same caps, time limit and memory budget.
 SIGTERM (and Ctrl-C) stop accepting connections, answer every request already accepted, then exit 0.
 """
 
@@ -24,8 +25,8 @@ try:
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse
 
-    from attnkit.serve.http import ApiError, answer, check_input, install_error_handlers, install_metrics
-    from attnkit.serve.metrics import ServiceMetrics
+    from attnkit.serve.http import ApiError, Busy, answer, check_input, install_error_handlers, install_metrics
+    from attnkit.serve.metrics import TranslationMetrics
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"attnkit.serve needs the serve extra: pip install 'attnkit[serve]' ({e})") from e
 
@@ -34,7 +35,7 @@ from attnkit.decode.memory import gigabytes
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.runtime import available_memory
-from attnkit.serve.batcher import Batcher, Busy
+from attnkit.serve.batcher import Batcher
 from attnkit.serve.schema import (
     ErrorOut,
     ExploreRequest,
@@ -44,7 +45,6 @@ from attnkit.serve.schema import (
     TranslateResponse,
     TranslationOut,
 )
-from attnkit.viz.attention import translation_views
 from attnkit.viz.explorer import explorer_data, explorer_page
 
 
@@ -76,7 +76,7 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
     check_memory(translator, caps, budget)
     batcher = Batcher(translator, max_batch_sentences=max_batch_sentences, batch_wait_ms=batch_wait_ms,
                       max_queue=max_queue, memory_budget=budget or 0)
-    metrics = ServiceMetrics(lambda: batcher.pending)
+    metrics = TranslationMetrics(lambda: batcher.pending)
     batcher.on_batch = metrics.observe_batch
     model_kind = getattr(translator.model, "kind", type(translator.model).__name__)
 
@@ -100,15 +100,18 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
         return Health(status="ok", model=model_kind, device=str(translator.device),
                       quantize=getattr(translator, "quantize", None) or "none", queue=batcher.pending)
 
-    @app.post("/translate", responses=errors)
-    async def translate(req: TranslateRequest) -> TranslateResponse:
-        sentences, options = _checked(req, caps)
+    async def queued(sentences: list[str], options: DecodeOptions, alignment: bool, views: bool = False) -> list:
         try:  # the batch's own timeout drops a late job from the queue
-            results = await answer(batcher.submit(sentences, options, req.alignment, timeout=request_timeout_s),
-                                   "translation")
+            return await answer(batcher.submit(sentences, options, alignment, timeout=request_timeout_s,
+                                               views=views), "translation")
         except Busy:
             metrics.rejected.labels("queue_full").inc()
             raise
+
+    @app.post("/translate", responses=errors)
+    async def translate(req: TranslateRequest) -> TranslateResponse:
+        sentences, options = _checked(req, caps)
+        results = await queued(sentences, options, req.alignment)
         return TranslateResponse(translations=[TranslationOut.of(t, req.alignment) for t in results])
 
     page = explorer_page(f"attnkit: {model_kind}", live={"task": "translation", "max_beam": caps.max_beam})
@@ -121,14 +124,13 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
     @app.post("/explore", responses=errors)
     async def explore(req: ExploreRequest) -> dict:
         """One sentence translated with `beam` (`nbest` hypotheses), each with the attention the model computes for
-        it, as the explorer page draws it."""
+        it, as the explorer page draws it; it waits in the translation queue like a request to /translate."""
         check_input(req.text, "text", caps.max_chars)
         try:
             options = req.options(caps)
         except AttnkitError as e:
             raise ApiError(422, str(e)) from None
-        items = await answer(batcher.gate.run(translation_views, translator, [req.text], options), "translation",
-                             request_timeout_s)
+        items = await queued([req.text], options, False, views=True)
         return explorer_data(items, title=f"attnkit: {model_kind}", model=model_kind, task="translation")
 
     return app
@@ -187,7 +189,8 @@ def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, ap
                           "language model")
     from attnkit.serve.lm_app import create_lm_app
 
-    lm_kw = {k: v for k, v in app_kw.items() if k == "request_timeout_s" or k in Limits.__dataclass_fields__}
+    lm_kw = {k: v for k, v in app_kw.items()  # no batches: the batching options are the translator's
+             if k in ("max_queue", "request_timeout_s", "memory_budget_mb") or k in Limits.__dataclass_fields__}
     return create_lm_app(*load_lm_checkpoint(checkpoint, resolve_device(device)), **lm_kw)
 
 

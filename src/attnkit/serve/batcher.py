@@ -17,6 +17,10 @@ Faults stay with the job that caused them. A group whose translation fails is tr
 so only the job that cannot be translated fails. The queue is bounded: past `max_queue` jobs, `submit`
 raises `Busy` at once (the service answers 503 with Retry-After) instead of holding ever more requests in
 memory; each job's memory is bounded by the translator's `memory_budget`.
+
+The explorer's jobs (`views=True`: each hypothesis with its attention, `translation_views`) wait in the same
+queue, count against the same cap and time limit, and are translated within the same budget: model work that
+bypassed the queue would make the requests in it late.
 """
 
 from __future__ import annotations
@@ -29,18 +33,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from attnkit.decode.translator import DecodeOptions, Translation, Translator
-from attnkit.serve.http import ApiError, ModelGate
+from attnkit.decode.translator import DecodeOptions, Translator
+from attnkit.serve.http import TIMEOUTS, Busy, ModelGate
+from attnkit.viz.attention import translation_views
 
 log = logging.getLogger("attnkit.serve")
-
-
-class Busy(ApiError):
-    """The queue is full (503); `retry_after` is the seconds until it has likely drained."""
-
-    def __init__(self, retry_after: int):
-        super().__init__(503, f"the server is busy; retry in {retry_after} s", {"Retry-After": str(retry_after)})
-        self.retry_after = retry_after
 
 
 @dataclass
@@ -49,10 +46,11 @@ class _Job:
     options: DecodeOptions
     need_attention: bool
     future: asyncio.Future = field(repr=False)
+    views: bool = False  # the explorer's: each sentence's hypotheses with their attention, not Translations
 
     def group_key(self) -> tuple:
         # sampled jobs stay alone: one generator per translate() call, so company would change the draw
-        return (self.options, self.need_attention, id(self) if self.options.sampling else None)
+        return (self.options, self.need_attention, self.views, id(self) if self.options.sampling else None)
 
 
 class Batcher:
@@ -73,7 +71,7 @@ class Batcher:
         self._running: list[_Job] = []  # the batch being translated
         self._seconds_per_sentence = 0.05  # running mean, for Retry-After
         self._queued_sentences = 0
-        self.gate = ModelGate()  # the explorer's requests use the model through the same gate
+        self.gate = ModelGate()  # the worker's calls hold it until their thread ends, even past a time-out
 
     @property
     def pending(self) -> int:
@@ -97,11 +95,12 @@ class Batcher:
         self._worker, self._held = None, None
 
     async def submit(self, sentences: list[str], options: DecodeOptions, need_attention: bool,
-                     timeout: float | None = None) -> list[Translation]:
-        """The translations of `sentences`; Busy if the queue is full, TimeoutError after `timeout` s."""
+                     timeout: float | None = None, *, views: bool = False) -> list:
+        """The translations of `sentences` (with `views`, each one's hypotheses with their attention, as
+        `translation_views` gives them); Busy if the queue is full, TimeoutError after `timeout` s."""
         if self._queue is None:
             raise RuntimeError("the translation worker is not running")
-        job = _Job(sentences, options, need_attention, asyncio.get_running_loop().create_future())
+        job = _Job(sentences, options, need_attention, asyncio.get_running_loop().create_future(), views)
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -110,7 +109,9 @@ class Batcher:
         self._queued_sentences += len(sentences)
         try:
             return await asyncio.wait_for(job.future, timeout)  # on timeout the job is cancelled, not translated
-        except asyncio.TimeoutError:  # not the builtin before Python 3.11
+        except TIMEOUTS:
+            if not job.future.cancelled():  # the translation's own time-out: its words say more than ours
+                raise
             raise TimeoutError(f"no answer within {timeout:g} s") from None
 
     async def _run(self) -> None:
@@ -147,7 +148,7 @@ class Batcher:
                     break
                 try:
                     job = await asyncio.wait_for(self._queue.get(), timeout)
-                except asyncio.TimeoutError:
+                except TIMEOUTS:
                     break
             if n + len(job.sentences) > self.max_batch_sentences:
                 self._held = job  # first in the next batch, so order is kept
@@ -190,13 +191,18 @@ class Batcher:
             if not job.future.done():
                 job.future.set_result(results)
 
-    async def _call(self, group: list[_Job]) -> list[Translation]:
-        """Translate the sentences of `group` in a worker thread (the event loop stays free)."""
+    async def _call(self, group: list[_Job]) -> list:
+        """Translate the sentences of `group` in a worker thread (the event loop stays free): one result per
+        sentence, a Translation or (the explorer's jobs) its hypotheses' attention views."""
         head, sentences = group[0], [s for job in group for s in job.sentences]
         start = time.perf_counter()
-        results = await self.gate.run(self.translator.translate, sentences, head.options,
-                                      batch_size=self.max_batch_sentences, need_attention=head.need_attention,
-                                      memory_budget=self.memory_budget)
+        if head.views:
+            results = await self.gate.run(translation_views, self.translator, sentences, head.options,
+                                          memory_budget=self.memory_budget)
+        else:
+            results = await self.gate.run(self.translator.translate, sentences, head.options,
+                                          batch_size=self.max_batch_sentences, need_attention=head.need_attention,
+                                          memory_budget=self.memory_budget)
         seconds = time.perf_counter() - start
         self._seconds_per_sentence = 0.8 * self._seconds_per_sentence + 0.2 * seconds / len(sentences)
         if self.on_batch is not None:

@@ -1,5 +1,5 @@
 """What the translation and the language-model services share: one-line JSON errors, Prometheus metrics, and the
-gate that lets one request at a time use the model.
+gate that lets one request at a time use the model, with a cap on the requests waiting for it.
 
 Errors are `{"error": "..."}`: 400 for a body that is not JSON, 415 for one sent without a JSON Content-Type
 (FastAPI's guard against cross-site form posts to a local server), 422 for a body of the wrong shape or a value over
@@ -9,9 +9,12 @@ a cap, and whatever status an `ApiError` carries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,24 +30,75 @@ from attnkit.serve.schema import api_words, check_text
 log = logging.getLogger("attnkit.serve")
 
 
+# The exceptions a time-out raises: one class from Python 3.11 (the declared floor), two before it, where
+# asyncio.wait_for raised asyncio.TimeoutError and a builtin TimeoutError went past an `except asyncio.TimeoutError`.
+TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+
+
 class ModelGate:
     """One model, one call at a time: each call runs in a worker thread (the event loop stays free) while it holds
     the gate. A caller that gives up (a timeout, a closed connection) does not open the gate early: it opens when
-    the thread is done, so two calls never share the model's threads and caches."""
+    the thread is done, so two calls never share the model's threads and caches.
 
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self.waiting = 0
+    Callers wait in line, first come first served, and at most `max_waiting` of them (None: any number): one more
+    is refused at once with Busy (503 and Retry-After), so a queue cannot grow without bound behind a long call.
+    A caller that finds the gate open takes it without waiting, so it is never counted as waiting."""
+
+    def __init__(self, max_waiting: int | None = None) -> None:
+        self.max_waiting = max_waiting
+        self._held = False
+        self._line: deque[asyncio.Future] = deque()  # one future per waiting caller, set when it is its turn
+        self._seconds_per_call = 1.0  # running mean, for Retry-After
+
+    @property
+    def waiting(self) -> int:
+        return len(self._line)
+
+    async def enter(self, timeout: float | None = None) -> None:
+        """Wait for the gate, then hold it: the caller must `start` its call at once. Busy when `max_waiting`
+        callers already wait; TimeoutError when its turn has not come within `timeout` s."""
+        if not self._held and not self._line:
+            self._held = True
+            return
+        if self.max_waiting is not None and self.waiting >= self.max_waiting:
+            raise Busy(max(1, min(60, math.ceil((self.waiting + 1) * self._seconds_per_call))))
+        turn = asyncio.get_running_loop().create_future()
+        self._line.append(turn)
+        try:
+            await asyncio.wait_for(turn, timeout)
+        except BaseException as e:  # a time-out, or the caller cancelled: it leaves the line
+            if turn.done() and not turn.cancelled():
+                self._open()  # its turn came as it gave up: the gate goes to the next caller
+            with contextlib.suppress(ValueError):
+                self._line.remove(turn)
+            if isinstance(e, TIMEOUTS):
+                raise TimeoutError(f"not started within {timeout:g} s") from None
+            raise
+
+    def start(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> asyncio.Future:
+        """fn(*args, **kw) in a worker thread, for the caller that has entered; the gate opens when it returns."""
+        began = time.perf_counter()
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kw))
+        task.add_done_callback(lambda _: self._leave(time.perf_counter() - began))
+        return task
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        self.waiting += 1
-        try:
-            await self._lock.acquire()
-        finally:
-            self.waiting -= 1
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kw))
-        task.add_done_callback(lambda _: self._lock.release())
-        return await asyncio.shield(task)
+        """Enter (Busy past `max_waiting`), then fn(*args, **kw) in a worker thread: its result."""
+        await self.enter()
+        return await asyncio.shield(self.start(fn, *args, **kw))
+
+    def _leave(self, seconds: float) -> None:
+        self._seconds_per_call = 0.8 * self._seconds_per_call + 0.2 * seconds
+        self._open()
+
+    def _open(self) -> None:
+        """Hand the gate to the first caller still in line, or leave it open."""
+        while self._line:
+            turn = self._line.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._held = False
 
 
 class ApiError(Exception):
@@ -53,6 +107,14 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.headers = status, headers
+
+
+class Busy(ApiError):
+    """The queue is full (503); `retry_after` is the seconds until it has likely drained."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(503, f"the server is busy; retry in {retry_after} s", {"Retry-After": str(retry_after)})
+        self.retry_after = retry_after
 
 
 def _one_line(text: str) -> str:
@@ -100,7 +162,7 @@ async def answer(call: Any, what: str, timeout: float | None = None) -> Any:
         return await (asyncio.wait_for(call, timeout) if timeout else call)
     except ApiError:
         raise
-    except asyncio.TimeoutError as e:  # not the builtin before Python 3.11
+    except TIMEOUTS as e:
         raise ApiError(504, f"{what} took too long: {e or f'no answer within {timeout:g} s'}") from None
     except AttnkitError as e:
         raise ApiError(422, api_words(str(e))) from None

@@ -166,10 +166,12 @@ def seq2seq_views(translator, sources: list[str], targets: list[str] | None = No
     return teacher_forced_views(translator, sources, src_ids, tgt_ids, batch_size)
 
 
-def translation_views(translator, sources: list[str], options: DecodeOptions) -> list[list[AttentionView]]:
+def translation_views(translator, sources: list[str], options: DecodeOptions, *,
+                      memory_budget: int | None = None) -> list[list[AttentionView]]:
     """Each source's hypotheses as the translator returns them (with nbest > 1, best first), every one with the
-    attention the model computes for it: its ids teacher-forced back (the same maps as step-by-step decoding)."""
-    results = translator.translate(sources, options)
+    attention the model computes for it: its ids teacher-forced back (the same maps as step-by-step decoding).
+    `memory_budget` is the translator's (bytes per search; None: half the memory available)."""
+    results = translator.translate(sources, options, memory_budget=memory_budget)
     hyps = [[t, *t.nbest] for t in results]
     flat = [(i, h) for i, hs in enumerate(hyps) for h in hs]
     src_ids = translator.encode_sources(sources)
