@@ -62,7 +62,7 @@ def test_help_shows_defaults_presets_and_how_to_override(capsys):
     code, out, _ = run(capsys, "presets")
     assert code == 0 and out.startswith("demo ") and "transformer-base" in out
     code, out, _ = run(capsys, "presets", "demo")
-    assert code == 0 and "max_minutes: 6.5" in out and "d_model: 256" in out
+    assert code == 0 and "max_epochs: 10" in out and "d_model: 256" in out
 
 
 def test_version_and_top_level_description(capsys):
@@ -156,11 +156,13 @@ def test_unknown_config_keys_and_presets_get_a_did_you_mean(capsys, tmp_path, tr
 def test_the_overrides_message_names_the_verbs_that_take_them(capsys, trained):
     takers = verbs_taking_overrides(build_parser()[0])
     assert takers == ["demo", "train", "lm train", "lm speed", "plot schedule", "experiment compare",
-                      "experiment heads", "experiment lm-ablation"]
+                      "experiment heads", "experiment lm-ablation", "experiment xl-table6", "experiment recl",
+                      "experiment planted-recall"]
     ckpt = trained[1] / "checkpoints" / "last.safetensors"
     assert error(capsys, "translate", "--checkpoint", ckpt, "--train.lr=1") == (
         "attnkit: error: config overrides (--train.lr=1) apply only to: demo, train, lm train, lm speed, "
-        "plot schedule, experiment compare, experiment heads, experiment lm-ablation")
+        "plot schedule, experiment compare, experiment heads, experiment lm-ablation, experiment xl-table6, "
+        "experiment recl, experiment planted-recall")
     code, _, err = run(capsys, "plot", "schedule", "--out", trained[1] / "s.png", "--train.warmup=50")
     assert code == 0, err
 

@@ -37,6 +37,14 @@ def readme_examples(translator: Translator, sources: list[str], texts: list[str]
     return [(g, found[g], e) for g, e in zip(german, english)]
 
 
+def budget(t) -> str:
+    """The training budget in words: updates (the same model on any CPU), with minutes only where the preset has
+    them (then a slower CPU trains less)."""
+    parts = [f"{t.max_epochs} epochs" if t.max_epochs else "", f"{t.max_steps:,} updates" if t.max_steps else "",
+             f"{t.max_minutes:g} min" if t.max_minutes else ""]
+    return ", at most ".join(p for p in parts if p) or "no limit"
+
+
 def run_demo(out_dir: str | Path, *, overrides: list[str] = (), n_train: int = 24000, n_eval: int = 1000,
              force: bool = False, progress: bool = True, say=print) -> DemoResult:
     out = ensure_new_output(out_dir, force, "demo folder")
@@ -46,7 +54,7 @@ def run_demo(out_dir: str | Path, *, overrides: list[str] = (), n_train: int = 2
     say("2/4 training a sentencepiece vocabulary and encoding the corpus")
     report = prepare(out / "data", files["train"], files["valid"], files["test"], vocab_size=400, force=True)
     say(report.summary())
-    say(f"3/4 training transformer-small (budget {cfg.train.max_minutes or 'none'} min)")
+    say(f"3/4 training transformer-small: {budget(cfg.train)}")
     trainer = Trainer(cfg, out / "data", out, force=True, progress=progress)
     trainer.fit()
     say("4/4 translating the test set")

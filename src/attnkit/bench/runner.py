@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from attnkit.bench import measure
@@ -245,7 +245,7 @@ def header(rows: list[dict], dtype: str, threads: int, quick: bool) -> list[str]
               "",
               f"torch {meta.get('torch', '?')} · {threads} thread{'s' if threads != 1 else ''} · "
               f"{PRECISION.get(dtype, dtype)} · {peak_text} · "
-              f"{', '.join(versions)} · {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"]
+              f"{', '.join(versions)} · {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"]
     return lines
 
 

@@ -11,7 +11,8 @@ from attnkit.errors import AttnkitError
 def add_parsers(sub) -> dict[str, Callable]:
     d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo (~7 min on a CPU)",
                        description="Write a German->English corpus of number words (0 to 999,999), learn its "
-                                   "subwords, train the `demo` preset for 6.5 minutes, translate the test set, "
+                                   "subwords, train the `demo` preset for 10 epochs (1,310 updates: the same model "
+                                   "on any CPU, about 7 minutes on 2 cores), translate the test set, "
                                    "score it and draw the cross-attention of one sentence.")
     d.set_defaults(trains=True)
     add_overrides(d)
