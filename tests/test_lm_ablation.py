@@ -164,14 +164,14 @@ def test_lm_ablation_trains_scores_and_tabulates_every_model(ablation):
                                          "lstm-lm"]
     assert [r["recurrence"] for r in rows] == ["memory", "none", "memory", "none", "state"]
     assert all(float(r[f"bpc @{n}"]) > 0 for r in rows for n in (8, 16, 32))
-    assert all(r["RECL r=0.1"] in ("8", "16", "32") and int(r["updates"]) == 3 for r in rows)
+    assert all(int(r["updates"]) == 3 for r in rows)
+    assert not any(key.startswith("RECL") for key in rows[0])  # RECL is `experiment recl`'s, with exact contexts
     summary = json.loads((out / "lm_ablation.json").read_text())
     assert summary["split"] == "valid" and summary["lengths"] == [8, 16, 32] and summary["streams"] == 2
     first = summary["models"][0]
     (cached,) = (out / "m-xl" / "eval").glob("valid-L32-T8-B2-N120-*.npy")  # named by the checkpoint it scored
     losses = np.load(cached)
     assert first["losses"]["32"] == pytest.approx(float(losses[:, :summary["tokens"] // 2].mean()), rel=1e-6)
-    assert set(summary["relative_gains"]) == {"r=0.1", "r=0.5"}
     assert (out / "lm_ablation.png").read_bytes()[:4] == b"\x89PNG"
     config = cfgmod.resolve([models[0]], [t.removeprefix("--") for t in TINY], cls=cfgmod.LMRunConfig)
     assert load_lm_corpus(out / "data").vocab.level == "char" and config.train.max_steps == 3

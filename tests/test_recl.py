@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from attnkit.eval.recl import recl, relative_gains
+from attnkit.eval.recl import recl, relative_gains, uniform_contexts
 
 CONTEXTS = (100, 200, 300, 400, 500)
 
@@ -73,9 +73,71 @@ def test_a_worse_model_never_gains_from_losses_above_the_baseline():
 
 def test_the_inputs_are_checked():
     g = group()
-    with pytest.raises(ValueError, match="contexts"):
-        recl({**g, "odd": {100: np.ones(100), 200: np.ones(100)}}, r=0.1)
+    with pytest.raises(ValueError, match="contexts"):  # a model's contexts start at the group's shortest
+        recl({**g, "odd": {200: np.ones(100), 300: np.ones(100)}}, r=0.1)
     with pytest.raises(ValueError, match="number of tokens"):
         recl({**g, "odd": {c: np.ones(7) for c in CONTEXTS}}, r=0.1)
     with pytest.raises(ValueError, match="r is a fraction"):
         recl(g, r=0.0)
+
+
+# --- the paper's appendix C: a uniform grid, capped models, exact contexts -----------------------------------------
+def test_a_grid_that_does_not_step_uniformly_is_refused():
+    """A doubling grid makes every step bigger, so a gain passes the threshold where a uniform Delta would stop."""
+    doubling = {c: np.full(10, 5.0 - math.log2(c)) for c in (64, 128, 256, 512)}
+    with pytest.raises(ValueError, match="uniformly"):
+        recl({"doubling": doubling}, r=0.5)
+    assert uniform_contexts(64, 512) == [64, 128, 192, 256, 320, 384, 448, 512]
+    assert uniform_contexts(100, 450, shortest=50) == [50, 150, 250, 350, 450]
+    with pytest.raises(ValueError, match="two contexts"):
+        uniform_contexts(64, 100)
+
+
+def test_a_model_scored_only_up_to_its_training_length_is_capped_and_leaves_the_baseline_there():
+    """The paper scores the vanilla Transformer only up to its training length: its RECL cannot pass it, and beyond
+    it the baseline is the best of the others."""
+    g = group()  # long: gains to 300; short: gains to 200; baseline 4.0 / 3.5 / 3.0 on the hard tokens
+    # a capped model better than both at 100 and 200 (it sets the baseline there), scored no further
+    g["capped"] = {c: np.concatenate([np.full(50, 3.9 - 0.5 * (c - 100) / 100), np.full(50, 0.5)]) for c in (100, 200)}
+    assert recl(g, r=0.5) == {"long": 300, "short": 200, "capped": 200}
+    gains = relative_gains(g, r=0.5)
+    assert [(c, c2) for c, c2, _ in gains["capped"]] == [(100, 200)]
+    long = {(c, c2): gain for c, c2, gain in gains["long"]}
+    # at 200 the capped model's 3.4 is the baseline; `long` reaches 3.0 at 300: gain 1 - e^-0.4
+    assert long[(200, 300)] == pytest.approx(1 - math.exp(-0.4))
+    # at 300 the baseline is the best of the models scored there (long's 3.0), not the capped model's
+    assert long[(300, 400)] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="grid"):
+        recl({**g, "gap": {100: np.ones(100), 300: np.ones(100)}}, r=0.5)
+
+
+def test_every_token_is_scored_with_exactly_c_tokens_of_context():
+    """evaluate_windows predicts ids[p] from ids[p - c : p] and nothing else: the loss equals the model's on that
+    window alone, and tokens before the window change nothing, even for models that carry a memory or a state. A
+    segmented reading (the ablation's: context between c - T and c - 1, a memory reaching further) differs."""
+    import torch
+
+    from attnkit.config import RNNLMConfig, TransformerXLConfig
+    from attnkit.eval.lm import evaluate_segments, evaluate_windows
+    from attnkit.models import build_model
+
+    torch.manual_seed(0)
+    xl = build_model("transformer-xl", TransformerXLConfig(vocab_size=11, d_model=16, n_heads=2, d_ff=32, n_layers=2,
+                                                           dropout=0.0)).double().eval()
+    lstm = build_model("lstm-lm", RNNLMConfig(vocab_size=11, d_model=16, n_layers=1, dropout=0.0)).double().eval()
+    ids = torch.randint(11, (80,), generator=torch.Generator().manual_seed(3))
+    positions, c = [20, 33, 47, 79], 12
+    for model in (xl, lstm):
+        ours = evaluate_windows(model, ids, positions, context=c, batch_size=3)
+        for p, loss in zip(positions, ours.tolist()):
+            alone = -model(ids[None, p - c : p])[0][0, -1].log_softmax(-1)[ids[p]].item()
+            assert loss == pytest.approx(alone, rel=1e-6)  # kept in float32
+        changed = ids.clone()
+        changed[: 20 - c] = (changed[: 20 - c] + 1) % 11  # every token before the first window
+        torch.testing.assert_close(evaluate_windows(model, changed, positions, context=c), ours)
+    # read in segments of 5 with a memory of the whole window: Transformer-XL's own reading, the same losses
+    torch.testing.assert_close(evaluate_windows(xl, ids, positions, context=c, segment=5),
+                               evaluate_windows(xl, ids, positions, context=c))
+    # the segmented reading: token p of a segment sees between c - T and c - 1 tokens (and the memory's reach)
+    streamed = evaluate_segments(xl, ids, tgt_len=4, mem_len=c - 4, keep_tokens=True).token_nll[0]  # token j at j-1
+    assert not torch.allclose(streamed[[p - 1 for p in positions]], evaluate_windows(xl, ids, positions, context=c))

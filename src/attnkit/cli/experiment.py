@@ -4,8 +4,12 @@
     attnkit experiment by-length --data DIR --out DIR --checkpoints RUN1/checkpoints/best.safetensors ...
     attnkit experiment heads --data DIR --out DIR --preset transformer-small --heads 1 2 4 8 --minutes 15
     attnkit experiment lm-ablation --data wikitext-2 --out DIR --minutes-per-model 30
+    attnkit experiment xl-table6 --data wikitext-2 --out DIR --updates 4000
+    attnkit experiment recl --data wikitext-2 --out DIR --updates 4000
+    attnkit experiment planted-recall --data tiny-shakespeare --out DIR --updates 2000
 
-The logic lives in attnkit.experiments (compare, by_length, lm_ablation); this module only parses.
+The logic lives in attnkit.experiments (compare, by_length, lm_ablation, xl_table6, recl_groups, planted_recall);
+this module only parses.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from attnkit.errors import AttnkitError
 
 def add_parsers(sub) -> dict[str, Callable]:
     p = sub.add_parser("experiment", help="compare model families: compare (same budget), by-length (BLEU per "
-                                          "length), heads (1..8 heads), lm-ablation (recurrence x positions, RECL)")
+                                          "length), heads (1..8 heads), lm-ablation (recurrence x positions), "
+                                          "xl-table6, recl, planted-recall (Transformer-XL's claims)")
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
     c = ex.add_parser("compare", help="train several models on the same data and budget; table + bar plot")
@@ -51,6 +56,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_decode_options(b)
     _add_heads(ex)
     _add_lm_ablation(ex)
+    _add_xl_table6(ex)
+    _add_recl(ex)
+    _add_planted_recall(ex)
     return {"experiment": cmd_experiment}
 
 
@@ -78,14 +86,10 @@ def _add_heads(ex) -> None:
 
 def _add_lm_ablation(ex) -> None:
     a = ex.add_parser("lm-ablation", help="Transformer-XL, no recurrence, absolute positions with recurrence, vanilla "
-                                          "and LSTM LMs on one budget; perplexity by attention length and RECL")
+                                          "and LSTM LMs on one time budget; perplexity by attention length")
     a.set_defaults(trains=True, run=cmd_lm_ablation)
     add_overrides(a)
-    a.add_argument("--data", required=True, metavar="wikitext-2|tiny-shakespeare|DIR",
-                   help="a corpus of --corpora (prepared once into OUT/data), or a folder written by "
-                        "`attnkit lm prepare`")
-    a.add_argument("--corpora", default="../shared/data", help="the folder holding wikitext-2/ and tiny_shakespeare/")
-    a.add_argument("--out", required=True, help="folder for the runs (OUT/<model>), lm_ablation.{md,csv,json,png}")
+    _add_corpus_options(a, "lm_ablation.{md,csv,json,png}")
     a.add_argument("--models", nargs="+", metavar="PRESET|FILE",
                    help="presets to train (default: the corpus's five, e.g. lm-word-wt2, lm-word-wt2-no-recurrence, "
                         "lm-word-wt2-absolute, lm-word-wt2-vanilla, lm-word-wt2-lstm)")
@@ -97,12 +101,91 @@ def _add_lm_ablation(ex) -> None:
     a.add_argument("--split", choices=["valid", "test"], help="split to score (default: test when there is one)")
     a.add_argument("--eval-batch-size", type=int, default=8, help="parallel streams at evaluation")
     a.add_argument("--eval-tokens", type=int, default=0, help="score only the first N tokens (0 = the whole split)")
-    a.add_argument("--recl-r", type=float, nargs="+", default=[0.1, 0.5], help="RECL's fractions of hardest tokens")
-    a.add_argument("--recl-threshold", type=float, default=0.01, help="RECL's relative-gain threshold")
-    a.add_argument("--force", action="store_true", help="train every model anew (a rerun reuses the models of the "
+    _add_rerun_options(a)
+
+
+def _add_corpus_options(p, outputs: str) -> None:
+    """--data, --corpora, --out: what every LM experiment reads and writes."""
+    p.add_argument("--data", required=True, metavar="wikitext-2|tiny-shakespeare|DIR",
+                   help="a corpus of --corpora (prepared once into OUT/data), or a folder written by "
+                        "`attnkit lm prepare`")
+    p.add_argument("--corpora", default="../shared/data", help="the folder holding wikitext-2/ and tiny_shakespeare/")
+    p.add_argument("--out", required=True, help=f"folder for the runs (OUT/<model>), {outputs}")
+
+
+def _add_rerun_options(p) -> None:
+    p.add_argument("--force", action="store_true", help="train every model anew (a rerun reuses the models of the "
                                                         "same settings and refuses others)")
-    a.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_device_option(a)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_option(p)
+
+
+def _add_updates(p) -> None:
+    p.add_argument("--updates", type=int, required=True,
+                   help="the same number of updates for every model (each preset's segment and batch; the cosine "
+                        "decays over them); a model trained so in OUT by another of these experiments is reused")
+
+
+def _add_xl_table6(ex) -> None:
+    a = ex.add_parser("xl-table6", help="Transformer-XL's table 6: equal segment and updates, same_length / clamp_len "
+                                        "evaluation, perplexity at the training and the best attention length")
+    a.set_defaults(trains=True, run=cmd_xl_table6)
+    add_overrides(a)
+    _add_corpus_options(a, "xl_table6.{md,csv,json,png}")
+    _add_updates(a)
+    a.add_argument("--models", nargs="+", metavar="PRESET|FILE",
+                   help="presets to train (default: the corpus's six, e.g. lm-word-wt2, lm-word-wt2-no-recurrence-64, "
+                        "lm-word-wt2-no-recurrence, lm-word-wt2-absolute, lm-word-wt2-vanilla-64, "
+                        "lm-word-wt2-lstm-matched)")
+    a.add_argument("--lengths", type=int, nargs="+",
+                   help="attention lengths to evaluate at, besides each model's training length (default: 64 .. 512 "
+                        "for words, 64 .. 1024 for characters)")
+    a.add_argument("--clamp-len", nargs="+", default=["0", "train"], metavar="N|train",
+                   help="clamp_len values to choose from on validation for relative positions (0: none; train: the "
+                        "model's training attention length)")
+    a.add_argument("--segment", type=int, default=64, help="evaluation segment T")
+    a.add_argument("--eval-batch-size", type=int, default=8, help="parallel streams at evaluation")
+    a.add_argument("--eval-tokens", type=int, default=0, help="score only the first N tokens (0 = the whole split)")
+    _add_rerun_options(a)
+
+
+def _add_recl(ex) -> None:
+    a = ex.add_parser("recl", help="relative effective context length as the paper's appendix C: equal-parameter "
+                                   "groups, uniform steps, every token with exactly c tokens of context")
+    a.set_defaults(trains=True, run=cmd_recl)
+    add_overrides(a)
+    _add_corpus_options(a, "recl.{md,csv,json,png}")
+    _add_updates(a)
+    a.add_argument("--group", nargs="+", action="append", metavar=("NAME", "PRESET"),
+                   help="a group: its name, then its presets, the Transformer-XL first (repeat for several; default: "
+                        "rnn = XL + the LSTM of its size, transformer = XL + no recurrence + vanilla)")
+    a.add_argument("--delta", type=int, default=0, help="the step between contexts (default: 32 words, 64 characters)")
+    a.add_argument("--longest", type=int, default=0, help="the longest context (default: 512 words, 1024 characters)")
+    a.add_argument("--tokens", type=int, default=2048, help="target tokens scored, evenly spaced over the split")
+    a.add_argument("--recl-r", type=float, nargs="+", default=[0.1, 0.5, 1.0], help="fractions of hardest tokens")
+    a.add_argument("--recl-threshold", type=float, default=0.01, help="the relative-gain threshold")
+    a.add_argument("--clamp-len", type=int, default=0, help="clamp_len for relative positions (0: none)")
+    a.add_argument("--eval-batch-size", type=int, default=64,
+                   help="windows per forward pass at most (fewer for long contexts: 4,096 tokens a pass)")
+    _add_rerun_options(a)
+
+
+def _add_planted_recall(ex) -> None:
+    a = ex.add_parser("planted-recall", help="keys planted in real text and recalled D tokens later: Transformer-XL, "
+                                             "no recurrence, vanilla and LSTM trained for equal updates, recall by D")
+    a.set_defaults(trains=True, run=cmd_planted_recall)
+    add_overrides(a)
+    _add_corpus_options(a, "planted/ (the planted corpus and its models), planted_recall.{md,csv,json,png}")
+    _add_updates(a)
+    a.add_argument("--models", nargs="+", metavar="PRESET|FILE",
+                   help="presets to train (default: e.g. lm-char-small-xl, lm-char-small-no-recurrence-64, "
+                        "lm-char-small-vanilla-64, lm-char-small-lstm-matched)")
+    a.add_argument("--distances", type=int, nargs="+", default=[24, 48, 96, 192, 384, 768],
+                   help="distances D of the evaluation text's pairs (the training text's are drawn from their range)")
+    a.add_argument("--key-len", type=int, default=0, help="key tokens (default: 6 characters or 3 words)")
+    a.add_argument("--eval-batch-size", type=int, default=8, help="rows (streams) of the evaluation text")
+    a.add_argument("--seed", type=int, default=1, help="the planting's seed")
+    _add_rerun_options(a)
 
 
 def cmd_experiment(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -160,15 +243,68 @@ def cmd_lm_ablation(args: argparse.Namespace, overrides: list[str]) -> None:
 
     if args.segment < 1 or args.eval_batch_size < 1 or args.eval_tokens < 0:
         raise AttnkitError("lm-ablation: --segment and --eval-batch-size must be positive, --eval-tokens not negative")
-    if not all(0 < r <= 1 for r in args.recl_r):
-        raise AttnkitError(f"lm-ablation: --recl-r takes fractions in (0, 1], not {args.recl_r}")
     out = Path(args.out)
     data = ab.prepare_data(args.data, out, Path(args.corpora))
     level = load_lm_corpus(data).vocab.level
     ev = ab.Evaluation(args.split or ab.default_split(data), args.segment, args.eval_batch_size, args.eval_tokens,
                        args.device)
     ab.lm_ablation(args.models or ab.default_presets(level), data, out, args.lengths or ab.default_lengths(level), ev,
-                   overrides=overrides, minutes=args.minutes_per_model, recl_r=args.recl_r,
-                   threshold=args.recl_threshold, force=args.force, progress=not args.quiet)
+                   overrides=overrides, minutes=args.minutes_per_model, force=args.force, progress=not args.quiet)
     print((out / "lm_ablation.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {out}/lm_ablation.md, lm_ablation.csv, lm_ablation.json, lm_ablation.png")
+
+
+def _lm_data(args: argparse.Namespace):
+    from attnkit.data.lm import load_lm_corpus
+    from attnkit.experiments import lm_ablation as ab
+
+    data = ab.prepare_data(args.data, Path(args.out), Path(args.corpora))
+    return data, load_lm_corpus(data).vocab.level
+
+
+def cmd_xl_table6(args: argparse.Namespace, overrides: list[str]) -> None:
+    from attnkit.experiments import xl_table6
+
+    clamps = []
+    for value in args.clamp_len:
+        if value != xl_table6.TRAIN_LENGTH and not (value.isdigit()):
+            raise AttnkitError(f"xl-table6: --clamp-len takes numbers >= 0 or `train`, not {value!r}")
+        clamps.append(value if value == xl_table6.TRAIN_LENGTH else int(value))
+    data, level = _lm_data(args)
+    xl_table6.xl_table6(args.models or xl_table6.table6_presets(level), data, Path(args.out), args.updates,
+                        lengths=args.lengths or (), clamps=clamps, segment=args.segment, streams=args.eval_batch_size,
+                        max_tokens=args.eval_tokens, device=args.device, overrides=overrides, force=args.force,
+                        progress=not args.quiet)
+    print((Path(args.out) / "xl_table6.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {args.out}/xl_table6.md, xl_table6.csv, xl_table6.json, xl_table6.png")
+
+
+def cmd_recl(args: argparse.Namespace, overrides: list[str]) -> None:
+    from attnkit.experiments import recl_groups
+
+    groups = {}
+    for group in args.group or ():
+        if len(group) < 3 or group[0] in groups:
+            raise AttnkitError(f"recl: --group takes a new name and at least two presets, not {' '.join(group)}")
+        groups[group[0]] = group[1:]
+    data, level = _lm_data(args)
+    recl_groups.recl_groups(groups or recl_groups.default_groups(level), data, Path(args.out), args.updates,
+                            delta=args.delta, longest=args.longest, tokens=args.tokens, rs=args.recl_r,
+                            threshold=args.recl_threshold, clamp_len=args.clamp_len, batch_size=args.eval_batch_size,
+                            device=args.device, overrides=overrides, force=args.force, progress=not args.quiet)
+    print((Path(args.out) / "recl.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {args.out}/recl.md, recl.csv, recl.json, recl.png")
+
+
+def cmd_planted_recall(args: argparse.Namespace, overrides: list[str]) -> None:
+    from attnkit.experiments import planted_recall as pr
+
+    data, level = _lm_data(args)
+    changes = dict(distances=tuple(args.distances), streams=args.eval_batch_size, seed=args.seed)
+    planting = pr.default_planting(level, **changes)
+    if args.key_len:
+        planting = pr.Planting(key_len=args.key_len, **changes)
+    pr.planted_recall(args.models or pr.default_models(level), data, Path(args.out), args.updates, planting=planting,
+                      overrides=overrides, device=args.device, force=args.force, progress=not args.quiet)
+    print((Path(args.out) / "planted_recall.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {args.out}/planted_recall.md, planted_recall.csv, planted_recall.json, planted_recall.png")

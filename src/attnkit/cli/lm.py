@@ -7,6 +7,7 @@
     attnkit lm generate --checkpoint runs/shakespeare/xl/checkpoints/best.safetensors --prompt "ROMEO:"
     attnkit lm speed --lengths 128 256 512 1024
     attnkit lm speed --lengths 800 3800 --vanilla-tokens 32   # the Transformer-XL paper's table 9 lengths
+    attnkit lm speed --lengths 800 3800 --vanilla-tokens 32 --recompute   # and XL timed as its reference runs
 
 Torch and the model code are imported inside the command functions, so `attnkit --help` stays fast.
 """
@@ -92,6 +93,9 @@ def add_parsers(sub) -> dict[str, Callable]:
                    help="time the vanilla sliding window over N predicted tokens (N calls of one window: at 3,800 "
                         "each is a forward pass over 3,800 tokens) and Transformer-XL over --runs segments; the two "
                         "are timed in separate passes over the lengths (0: --runs calls for both, one pass)")
+    s.add_argument("--recompute", action="store_true",
+                   help="also time Transformer-XL as its reference evaluates: the memory's keys/values and the "
+                        "position keys computed again every segment (attnkit keeps them); both speed-ups in one table")
     s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     add_device_option(s, "cpu")
     return {"lm": cmd_lm}
@@ -211,12 +215,13 @@ def cmd_speed(args, overrides: list[str]) -> None:
     cfg = cfgmod.resolve(args.config, overrides, cls=cfgmod.LMRunConfig)
     if min(args.lengths) < 1 or args.runs < 1 or args.vanilla_tokens < 0:
         raise AttnkitError("lm speed: --lengths and --runs must be positive, --vanilla-tokens not negative")
-    rows = speed_table(cfg.model, tuple(args.lengths), runs=args.runs, device=args.device)
+    rows = speed_table(cfg.model, tuple(args.lengths), runs=args.runs, device=args.device, recompute=args.recompute)
     if args.vanilla_tokens and args.vanilla_tokens != args.runs:  # speed_table times both with one count
         vanilla = speed_table(cfg.model, tuple(args.lengths), runs=args.vanilla_tokens, device=args.device)
         rows = [replace(row, vanilla_ms=v.vanilla_ms, peak_mb=max(row.peak_mb, v.peak_mb))
                 for row, v in zip(rows, vanilla)]
     tokens = f"vanilla over {args.vanilla_tokens or args.runs} tokens, XL over {args.runs} segments"
+    tokens += " (keys kept, and recomputed as the XL reference does)" if args.recompute else ""
     print(f"evaluation time per token, d_model {cfg.model.d_model}, {cfg.model.n_layers} layers, "
           f"{torch.get_num_threads()} threads, {args.device}; {tokens} per length (medians)")
     print(format_speed_table(rows))

@@ -1,5 +1,7 @@
-"""`attnkit experiment lm-ablation`: recurrence x positional encoding (Dai et al. 2019, section 4.3, table 6) and the
-relative effective context length of the group (RECL, table 8), on one corpus and one wall-clock budget per model.
+"""`attnkit experiment lm-ablation`: recurrence x positional encoding (Dai et al. 2019, section 4.3) on one corpus and
+one wall-clock budget per model: the equal-time view. The paper's own measurements (equal segment and updates,
+same_length evaluation; RECL with exact contexts and equal-parameter groups) are `attnkit experiment xl-table6` and
+`attnkit experiment recl` (attnkit.experiments.xl_table6, recl_groups).
 
 Five models by default, each a preset (`attnkit presets` describes them), at the size of the corpus's Transformer-XL
 (`lm-word-wt2`, `lm-char-small-xl`) and with the same attention length in training (segment 64 + memory 64, or
@@ -14,16 +16,15 @@ segments of 128); the others are named by the family and a suffix (`lm-word-wt2-
 | -lstm              | lstm-lm               | none (a recurrent state)        | state             |
 
 Each model is evaluated at several attention lengths L (the tokens a prediction may attend to: memory + segment):
-a model trained with a memory of positions carries a memory of L - T positions between segments of T (the paper's
-evaluation); the others read the L - T tokens before each segment again as plain context, so nothing is carried
-(the LSTM starts from a zero state there: its context is bounded by L, as RECL needs). Every evaluation reads the
-same split as the same B streams, so the per-token losses line up token by token across models and lengths; they
-are kept (OUT/<model>/eval/*.npy) and RECL is computed from them for each r. RECL's context c is the attention
-length L: a token of a segment is predicted from between L - T and L - 1 tokens before it (a carried memory holds
-more, through its own memory: that is Transformer-XL's point).
+a model trained with a memory of positions carries a memory of L - T positions between segments of T; the others
+read the L - T tokens before each segment again as plain context, so nothing is carried (the LSTM starts from a zero
+state there: its context is the L - T tokens before the segment and the segment's own). A token of a segment is so
+predicted from between L - T and L - 1 tokens before it (more through a carried memory's own memory). Every
+evaluation reads the same split as the same B streams, so the per-token losses line up token by token across models
+and lengths; they are kept (OUT/<model>/eval/*.npy).
 
-OUT/lm_ablation.{md,csv}: perplexity (bits per character for a character-level corpus) by model x attention length,
-the best of each row, RECL for each r; OUT/lm_ablation.json: everything, with the relative gains; OUT/lm_ablation.png.
+OUT/lm_ablation.{md,csv}: perplexity (bits per character for a character-level corpus) by model x attention length
+and the best of each row; OUT/lm_ablation.json: everything; OUT/lm_ablation.png.
 Resumable, and never mixed: each model's resolved config (budget and overrides included) and data fingerprint are
 recorded beside it (OUT/<model>/identity.json, `attnkit.experiments.runs`). A rerun with the same ones does not train
 a finished model (OUT/<model>/finished.json) again, resumes one with a checkpoint, and reads the losses on disk of
@@ -46,7 +47,6 @@ from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
 from attnkit.data.lm import CORPUS_FILE, load_lm_corpus, prepare_lm
 from attnkit.errors import AttnkitError
 from attnkit.eval.lm import evaluate_segments
-from attnkit.eval.recl import recl, relative_gains
 from attnkit.experiments.runs import clear_run, evaluation_key, record_run, refuse_other_run, run_identity
 from attnkit.experiments.tables import cell, write_table
 from attnkit.io import atomic_write_json
@@ -186,7 +186,6 @@ class AblationRow:
     train_minutes: float
     carries_memory: bool  # evaluated with its memory carried (else: re-reading the context)
     losses: dict[int, float] = field(default_factory=dict)  # attention length -> mean NLL (nats per token)
-    recl: dict[str, int] = field(default_factory=dict)  # "r=0.1" -> RECL
 
 
 def describe(kind: str, mem_len: int) -> tuple[str, str]:
@@ -198,7 +197,8 @@ def describe(kind: str, mem_len: int) -> tuple[str, str]:
     return positions, "memory" if mem_len > 0 and kind != "vanilla-lm" else "none"
 
 
-def _checkpoint(run_dir: Path) -> Path:
+def best_checkpoint(run_dir: Path) -> Path:
+    """The run's best checkpoint, else its last."""
     best, last = run_dir / "checkpoints" / "best.safetensors", run_dir / "checkpoints" / "last.safetensors"
     if not (best.is_file() or last.is_file()):
         raise AttnkitError(f"{run_dir} holds no checkpoint to evaluate")
@@ -209,7 +209,7 @@ def token_losses(run_dir: Path, data_dir: Path, lengths: Sequence[int], ev: Eval
                  say: Callable[[str], None]) -> tuple[AblationRow, dict[int, np.ndarray]]:
     """The model of `run_dir` (its best checkpoint) scored at every attention length: its table row and the
     per-token losses (B, N) per length, read from OUT/<model>/eval/ when this checkpoint was scored before."""
-    path = _checkpoint(run_dir)
+    path = best_checkpoint(run_dir)
     key = evaluation_key(path, data_dir)
     last = run_dir / "checkpoints" / "last.safetensors"
     ckpt = load_checkpoint(last if last.is_file() else path)  # the training position
@@ -251,9 +251,8 @@ def common_tokens(losses: dict[str, dict[int, np.ndarray]]) -> dict[str, dict[in
 
 # --- the experiment -----------------------------------------------------------------------------------------------
 def lm_ablation(presets: Sequence[str], data_dir: Path, out_dir: Path, lengths: Sequence[int], ev: Evaluation, *,
-                overrides: Sequence[str] = (), minutes: float | None = None, recl_r: Sequence[float] = (0.1, 0.5),
-                threshold: float = 0.01, force: bool = False, progress: bool = True,
-                say: Callable[[str], None] = print) -> dict:
+                overrides: Sequence[str] = (), minutes: float | None = None, force: bool = False,
+                progress: bool = True, say: Callable[[str], None] = print) -> dict:
     """Train every preset on `data_dir` under the same budget, score each at every attention length, tabulate.
     Models trained before with these settings are reused; other settings are refused unless `force` (train anew)."""
     names = [Path(p).stem for p in presets]
@@ -279,18 +278,12 @@ def lm_ablation(presets: Sequence[str], data_dir: Path, out_dir: Path, lengths: 
         row, losses[name] = token_losses(out_dir / name, data_dir, lengths, ev, say)
         rows.append(row)
     tokens = common_tokens(losses)
-    gains = {}
-    for r in recl_r:
-        gains[f"r={r:g}"] = relative_gains(tokens, r) if len(lengths) > 1 else {}
-        found = recl(tokens, r, threshold) if len(lengths) > 1 else {}
-        for row in rows:
-            row.recl[f"r={r:g}"] = found.get(row.name, lengths[0])
     for row in rows:
         row.losses = {length: float(tokens[row.name][length].mean()) for length in lengths}
     level = load_lm_corpus(data_dir).vocab.level
     summary = {"level": level, "split": ev.split, "segment": ev.segment, "streams": ev.batch_size,
                "tokens": int(next(iter(next(iter(tokens.values())).values())).size), "lengths": lengths,
-               "recl_threshold": threshold, "models": [asdict(r) for r in rows], "relative_gains": gains}
+               "models": [asdict(r) for r in rows]}
     write_ablation(rows, lengths, level, out_dir, summary)
     return summary
 
@@ -302,16 +295,14 @@ def metric(loss: float, level: str) -> float:
 
 def write_ablation(rows: list[AblationRow], lengths: Sequence[int], level: str, out_dir: Path, summary: dict) -> None:
     name = "bpc" if level == "char" else "ppl"
-    rs = list(rows[0].recl)
     header = (["model", "kind", "positions", "recurrence", "parameters", "updates", "train min"]
-              + [f"{name} @{length}" for length in lengths] + [f"best {name} (length)"] + [f"RECL {r}" for r in rs])
+              + [f"{name} @{length}" for length in lengths] + [f"best {name} (length)"])
     table = []
     for row in rows:
         values = [metric(row.losses[length], level) for length in lengths]
         best = min(range(len(values)), key=values.__getitem__)
         table.append([row.name, row.kind, row.positions, row.recurrence, row.parameters, row.steps,
-                      row.train_minutes, *values, f"{cell(values[best])} ({lengths[best]})",
-                      *(row.recl[r] for r in rs)])
+                      row.train_minutes, *values, f"{cell(values[best])} ({lengths[best]})"])
     write_table(out_dir, "lm_ablation", header, table)
     atomic_write_json(out_dir / "lm_ablation.json", summary)
     plot_ablation(rows, lengths, level, out_dir / "lm_ablation.png")

@@ -11,6 +11,7 @@ longer memory, sampling one token at a time). `need_weights=True` adds the atten
 Without autograd (evaluation, sampling) the returned `Memory` also carries the memory's keys and values,
 and the position keys W_{k,R} R are kept between segments: both are what the next segment would compute
 again from unchanged weights, so a segment costs its own T positions, not M + T (exact, and tested).
+`reuse_keys=False` recomputes both every segment, as the XL reference does (`attnkit lm speed --recompute`).
 `forward(x, mems, targets=y)` returns the per-token NLL (B, T) in place of the logits: training and
 evaluation take that path, which never builds (B, T, V) with the adaptive softmax. Targets shorter than x
 score only the last positions: the first ones are extended context.
@@ -210,13 +211,15 @@ class TransformerXL(LanguageModel):
         return keep
 
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
-                mem_len: int = 0, clamp_len: int = 0, ext_len: int = 0, need_weights: bool = False):
+                mem_len: int = 0, clamp_len: int = 0, ext_len: int = 0, need_weights: bool = False,
+                reuse_keys: bool = True):
         """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T' <= T), the NLL (B, T')
         of the last T' positions; new mems L x (B, <= mem_len, D) (a `Memory`: the positions before the last
-        ext_len) [, weights L x (B, H, T, S) when need_weights]."""
+        ext_len) [, weights L x (B, H, T, S) when need_weights]. reuse_keys=False: the memory's keys/values and
+        the position keys are computed again, not read from the memory and the cache (the reference's cost)."""
         mems = mems or None
         t, m = x.size(1), 0 if mems is None else mems[0].size(1)
-        key = self.cache_key(x.device)
+        key = self.cache_key(x.device) if reuse_keys else None
         mem_kv = mems.kv if isinstance(mems, Memory) and mems.kv is not None and mems.key == key else None
         h = self.dropout(self.embed_tokens(x))
         rs = self.position_keys(m + t, clamp_len, x.device, key)  # L x (H, S, Dh)
