@@ -61,3 +61,15 @@ def test_translate_quantize_int8_on_the_command_line(checkpoint, tmp_path, capsy
     assert quantised[0] == exact[0] and len(quantised) == len(exact) == 1 + len(SOURCES)  # header, one row each
     assert main([*argv, "--quantize", "int4"]) == 2  # a usage error, before any model loads
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_health_names_the_int8_kernels_the_service_runs(checkpoint):
+    httpx = pytest.importorskip("httpx")
+    from attnkit.nn import int8_input_range, int8_kernels
+    from attnkit.serve.app import create_app
+    from serving import running
+
+    with running(create_app(Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8"))) as url:
+        health = httpx.get(f"{url}/health", timeout=10).json()
+    assert health["quantize"] == "int8" and health["kernels"] == int8_kernels()
+    assert f"{8 if int8_input_range() == 255 else 7}-bit inputs" in health["kernels"]

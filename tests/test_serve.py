@@ -44,7 +44,8 @@ def post(url: str, body=None, **kw) -> httpx.Response:
 def test_health_and_openapi(url):
     health = httpx.get(f"{url}/health", timeout=10)
     assert health.status_code == 200
-    assert health.json() == {"status": "ok", "model": "transformer", "device": "cpu", "quantize": "none", "queue": 0}
+    assert health.json() == {"status": "ok", "model": "transformer", "device": "cpu", "quantize": "none", "kernels": "",
+                             "queue": 0}
     spec = httpx.get(f"{url}/openapi.json", timeout=10).json()
     assert "/translate" in spec["paths"] and spec["info"]["title"] == "attnkit"
 

@@ -34,6 +34,7 @@ from attnkit import __version__
 from attnkit.decode.memory import gigabytes
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
+from attnkit.nn import int8_kernels
 from attnkit.runtime import available_memory
 from attnkit.serve.batcher import Batcher
 from attnkit.serve.schema import (
@@ -97,8 +98,9 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
 
     @app.get("/health")
     async def health() -> Health:
-        return Health(status="ok", model=model_kind, device=str(translator.device),
-                      quantize=getattr(translator, "quantize", None) or "none", queue=batcher.pending)
+        quantize = getattr(translator, "quantize", None) or "none"
+        return Health(status="ok", model=model_kind, device=str(translator.device), quantize=quantize,
+                      kernels=int8_kernels() if quantize == "int8" else "", queue=batcher.pending)
 
     async def queued(sentences: list[str], options: DecodeOptions, alignment: bool, views: bool = False) -> list:
         try:  # the batch's own timeout drops a late job from the queue
