@@ -1,4 +1,5 @@
-"""What every picture shares: the Agg backend, atomic PNG writes, and the arrays behind a figure."""
+"""What every picture shares: the Agg backend, a CJK font for CJK text (viz/fonts.py), atomic PNG writes, and the
+arrays behind a figure."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from attnkit.io import atomic_write_bytes  # noqa: E402
+from attnkit.viz.fonts import fit_fonts  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -29,6 +31,7 @@ class Plot:
 
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     """Lay out and render `fig` to PNG bytes, then close it (figures left open leak memory in long runs)."""
+    fit_fonts(fig)  # before the layout: it measures the text in the fonts that will draw it
     fig.tight_layout()  # only for files: the layout pass costs a full draw
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -37,7 +40,9 @@ def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
 
 
 def finish(fig: Figure, data: dict[str, Any], path: str | Path | None, dpi: int = 100) -> Plot:
-    """Save `fig` atomically as PNG at `path` (if given) and wrap it with its arrays."""
+    """Save `fig` atomically as PNG at `path` (if given) and wrap it with its arrays. Its texts get their fonts
+    either way, so a caller who saves the returned figure draws CJK tokens too."""
+    fit_fonts(fig)
     if path is None:
         plt.close(fig)
         return Plot(fig, data)

@@ -154,6 +154,7 @@ def dev_attention_figure(translator, data_dir: str | Path, title: str = ""):
     writes into TensorBoard after every epoch, so the maps can be watched as they form."""
     from attnkit.config import family
     from attnkit.viz.attention import seq2seq_views
+    from attnkit.viz.fonts import fit_fonts
 
     sources, _ = _sample_lines(Path(data_dir), 1)
     if not sources or not family(translator.model.kind).attention:
@@ -163,7 +164,7 @@ def dev_attention_figure(translator, data_dir: str | Path, title: str = ""):
     fig.suptitle(title or f"{view.source}\n→ {view.output}", fontsize=8)
     width, height = fig.get_size_inches()
     fig.set_size_inches(max(width, 6.0), max(height, 4.5) + 0.5)  # room for the two-line title
-    return fig
+    return fit_fonts(fig)  # TensorBoard renders it without png_bytes
 
 
 def _sample(i: int, source: str, output: str, ref: str | None, picture: str) -> str:
