@@ -13,10 +13,14 @@ def add_parsers(sub) -> dict[str, Callable]:
                        description="Write a German->English corpus of number words (0 to 999,999), learn its "
                                    "subwords, train the `demo` preset for 10 epochs (1,310 updates: the same model "
                                    "on any CPU, about 7 minutes on 2 cores), translate the test set, "
-                                   "score it and draw the cross-attention of one sentence.")
+                                   "score it and draw the cross-attention of one sentence. --lang zh: the same with "
+                                   "Chinese numerals (三百四十五 -> three hundred and forty-five) and the `demo-zh` "
+                                   "preset.")
     d.set_defaults(trains=True)
     add_overrides(d)
-    d.add_argument("--out", default="runs/demo", help="run folder")
+    d.add_argument("--lang", choices=["de", "zh"], default="de",
+                   help="source language: German number words, or Chinese numerals (zh)")
+    d.add_argument("--out", help="run folder (default: runs/demo, or runs/demo-zh with --lang zh)")
     d.add_argument("--n-train", type=int, default=24000, help="training pairs to generate")
     d.add_argument("--n-eval", type=int, default=1000, help="dev pairs and test pairs to generate (each)")
     d.add_argument("--force", action="store_true", help="overwrite an existing demo folder")
@@ -54,7 +58,8 @@ def add_parsers(sub) -> dict[str, Callable]:
 def cmd_demo(args, overrides: list[str]) -> None:
     from attnkit.demo import run_demo
 
-    result = run_demo(args.out, overrides=overrides, n_train=args.n_train, n_eval=args.n_eval,
+    out = args.out or ("runs/demo" if args.lang == "de" else f"runs/demo-{args.lang}")
+    result = run_demo(out, lang=args.lang, overrides=overrides, n_train=args.n_train, n_eval=args.n_eval,
                       force=args.force, progress=not args.quiet)
     print(f"\ntest set: {result.scores.summary()}")
     print(result.scores.signature)
