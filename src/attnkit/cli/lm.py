@@ -25,6 +25,7 @@ from attnkit.cli.options import (
     add_overrides,
     add_sampling_options,
     add_train_options,
+    text,
 )
 from attnkit.errors import AttnkitError
 
@@ -76,7 +77,7 @@ def add_parsers(sub) -> dict[str, Callable]:
                                           "carried in segments of its length, or a sliding window without memory")
     g.set_defaults(keeps_freed_memory=True)
     add_checkpoint_option(g)
-    g.add_argument("--prompt", default="", help="text to continue (default: start of a line)")
+    g.add_argument("--prompt", default="", type=text, help="text to continue (default: start of a line)")
     g.add_argument("--length", type=int, default=200, help="tokens to generate")
     g.add_argument("--mem-len", type=int,
                    help="memory to sample with (default: the run's eval memory; 0: a sliding window of the training "

@@ -10,9 +10,11 @@ imports torch and the models only when one of its verbs runs, so `--help` stays 
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attnkit import __version__
@@ -82,8 +84,31 @@ def one_line_warning(show_other: Callable) -> Callable:
     return show
 
 
+@contextlib.contextmanager
+def utf8_output() -> Iterator[None]:
+    """stdout and stderr write UTF-8 while the command runs, as attnkit reads UTF-8, whatever the locale says (a C
+    locale's ASCII, Windows' code page when redirected): a prompt, a translation or a file name in any script prints
+    rather than ending in a UnicodeEncodeError. Restored after, for a caller of main() in a process of its own."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        if encoding and codecs.lookup(encoding).name != "utf-8" and hasattr(stream, "reconfigure"):
+            changed.append((stream, encoding, stream.errors))
+            stream.reconfigure(encoding="utf-8", errors=stream.errors)  # keeps surrogateescape's bytes as they came
+    try:
+        yield
+    finally:
+        for stream, encoding, errors in changed:
+            stream.reconfigure(encoding=encoding, errors=errors)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    with utf8_output():
+        return run(sys.argv[1:] if argv is None else [str(a) for a in argv])
+
+
+def run(argv: list[str]) -> int:
+    """The command of `argv` (the words after `attnkit`): its exit code."""
     parser, commands = build_parser()
     try:
         rest, overrides = split_overrides(argv)

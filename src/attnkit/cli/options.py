@@ -4,6 +4,7 @@ and the parser every verb is built with: help shows defaults, usage errors are o
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 
 from attnkit.errors import AttnkitError
@@ -37,6 +38,25 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def text(value: str) -> str:
+    """An option that is text to read (`--prompt`, `--src "a sentence"`), read as UTF-8 as every file is, whatever
+    the locale says. Python decodes a command line with the locale's encoding (a C locale's ASCII, Latin-1), bytes
+    it cannot decode kept as surrogates U+DC80..U+DCFF (surrogateescape): os.fsencode gives the bytes back whole.
+    Bytes that are not UTF-8 (another encoding, a lone surrogate's b"\\xed\\xa0\\x80") are refused in one usage
+    line, as a file holding them is: no tokenizer, page or terminal could take them."""
+    try:
+        raw = os.fsencode(value)
+    except UnicodeEncodeError:  # not the bytes of a command line: a string main() was given in Python
+        for i, char in enumerate(value, start=1):
+            if "\ud800" <= char <= "\udfff":
+                raise argparse.ArgumentTypeError(f"not valid Unicode (a lone surrogate at character {i})") from None
+        return value
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
 
 
 def add_overrides(p: argparse.ArgumentParser) -> None:

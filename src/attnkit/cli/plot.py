@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from attnkit.cli.options import add_checkpoint_option, add_config_option, add_device_option, add_overrides
+from attnkit.cli.options import add_checkpoint_option, add_config_option, add_device_option, add_overrides, text
 from attnkit.errors import AttnkitError
 
 HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
@@ -25,9 +25,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     d = what.add_parser("decoding", help="one sentence decoded step by step (greedy) next to the single "
                                          "teacher-forced pass with its causal mask, and where they differ")
     add_checkpoint_option(d)
-    d.add_argument("--src", required=True, help="the source sentence")
-    d.add_argument("--tgt", help="the target teacher forcing reads (default: the greedy output, which it must "
-                                 "reproduce to float rounding)")
+    d.add_argument("--src", required=True, type=text, help="the source sentence")
+    d.add_argument("--tgt", type=text, help="the target teacher forcing reads (default: the greedy output, which it "
+                                            "must reproduce to float rounding)")
     add_device_option(d, "cpu")
     _out(d, "decoding.png")
 
@@ -84,8 +84,9 @@ def _add_attention_parser(what) -> None:
                           help="a .safetensors checkpoint written by attnkit; several translation checkpoints are one "
                                "ensemble (as in `attnkit translate`), drawn with the mean of the members' maps (the "
                                "first member's where their kinds, layers or heads differ), as each title says")
-    a.add_argument("--src", help="a source sentence (for a language model: the text it reads)")
-    a.add_argument("--tgt", help="its target (default: the model's greedy translation; not for language models)")
+    a.add_argument("--src", type=text, help="a source sentence (for a language model: the text it reads)")
+    a.add_argument("--tgt", type=text,
+                   help="its target (default: the model's greedy translation; not for language models)")
     a.add_argument("--layer", default="all", help="layer number counted from 1 (-1 = the last), or all")
     a.add_argument("--kind", default="all", choices=["enc", "dec", "cross", "self", "scores", "all"],
                    help="encoder self, decoder masked self, encoder-decoder (the only kind of RNN models), "

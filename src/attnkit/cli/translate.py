@@ -235,9 +235,9 @@ def cmd_serve(args, overrides: list[str]) -> None:
 
 
 def cmd_evaluate(args, overrides: list[str]) -> None:
-    from attnkit.data import read_lines
+    from attnkit.data import read_parallel
     from attnkit.eval import score_corpus
 
-    scores = score_corpus(read_lines(args.hyp), read_lines(args.ref))
+    scores = score_corpus(*read_parallel(args.hyp, args.ref))  # a lost or extra line: an error naming both files
     print(scores.summary())
     print(f"BLEU signature: {scores.signature}\nlowercased:     {scores.signature_lc}")

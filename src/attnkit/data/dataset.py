@@ -146,10 +146,11 @@ def _filter_train(
     max_src_len: int,
     max_tgt_len: int,
 ) -> tuple[list[int], SplitCounts]:
-    """Indices of training pairs worth learning from: both sides non-empty and within the length caps."""
+    """Indices of training pairs worth learning from: both sides non-empty and within the length caps. A side the
+    tokenizer reads as no tokens (only characters it drops: control or zero-width ones) is as empty as a blank one."""
     keep, counts = [], SplitCounts()
     for i, (s, t) in enumerate(zip(src_text, tgt_text)):
-        if not s.strip() or not t.strip():
+        if not s.strip() or not t.strip() or not len(src_ids[i]) or not len(tgt_ids[i]):
             counts.dropped_empty += 1
         elif len(src_ids[i]) > max_src_len or len(tgt_ids[i]) > max_tgt_len:
             counts.dropped_too_long += 1

@@ -31,7 +31,7 @@ import safetensors
 import safetensors.numpy
 import torch
 
-from attnkit.data.text import read_lines
+from attnkit.data.text import check_unicode, read_lines
 from attnkit.data.tokenizer import EOS_ID, SubwordTokenizer
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes, ensure_new_output
@@ -66,10 +66,12 @@ class LMVocab:
         return self.subword.vocab_size if self.subword is not None else len(self.tokens)
 
     def encode(self, lines: list[str]) -> np.ndarray:
-        """Lines -> one int32 id stream (`<eos>` / newline after every line)."""
+        """Lines -> one int32 id stream (`<eos>` / newline after every line); a lone surrogate is refused, at every
+        level, as the subword tokenizer refuses it."""
         if self.subword is not None:
             ids = [i for seq in self.subword.encode(lines) for i in [*seq, EOS_ID]]
         else:
+            check_unicode(lines)
             ids = [self.index.get(tok, 0) for tok in _units(lines, self.level)]
         return np.asarray(ids, dtype=np.int32)
 
@@ -170,7 +172,10 @@ def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike, valid: str 
     if hold_out and level != "char":
         cut = int(len(train_lines) * (1 - valid_fraction))
         train_lines, valid_lines = train_lines[:cut], train_lines[cut:]
-    vocab = LMVocab.build(train_lines, level, vocab_size)
+    try:
+        vocab = LMVocab.build(train_lines, level, vocab_size)
+    except DataError as e:  # e.g. sentencepiece finding no line it can learn from
+        raise DataError(f"{train}: {e}") from None
     splits = {"train": train_lines, "valid": valid_lines, "test": read_lines(test) if test else None}
     ids = {name: torch.from_numpy(vocab.encode(lines).astype(np.int64))
            for name, lines in splits.items() if lines is not None}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -43,11 +43,27 @@ def _decode_line(raw: bytes, path: Path | str, lineno: int) -> str:
         raise DataError(f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
 
 
+# A UTF-8 byte order mark: Windows editors (Notepad, Excel's "CSV UTF-8") start a file with it. It marks the
+# encoding, it is not text: left in, it would be the first character of line 1 (one more unknown token, a
+# reference that never matches).
+BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _drop_bom(data: bytes, name: Path | str) -> bytes:
+    """The start of a text without its UTF-8 byte order mark; UTF-16 (PowerShell's `>` writes it) is refused
+    saying so, rather than as "invalid UTF-8" at its first byte."""
+    if data.startswith(UTF16_BOMS):
+        raise DataError(f"{name}: UTF-16 text (it starts with a UTF-16 byte order mark); attnkit reads UTF-8: "
+                        f"convert it, e.g. iconv -f UTF-16 -t UTF-8")
+    return data.removeprefix(BOM)
+
+
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """Lines of a plain or `.gz` text file without their line terminators."""
+    """Lines of a plain or `.gz` text file without their line terminators (and without a leading UTF-8 BOM)."""
     path = Path(path)
     data = _read_bytes(path)
-    if not data:
+    if not _drop_bom(data, path):
         raise DataError(f"{path} is empty")
     return split_lines(data, path)
 
@@ -55,7 +71,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 def split_lines(data: bytes, name: Path | str) -> list[str]:
     """Decoded lines of `data` (read from `name`) without their terminators."""
     # split on b"\n" only: str.splitlines would also split on \x0b, \x1c, U+2028 ... inside a sentence
-    raw_lines = data.split(b"\n")
+    raw_lines = _drop_bom(data, name).split(b"\n")
     if raw_lines[-1] == b"":
         raw_lines.pop()
     return [_decode_line(_strip_cr(raw), name, i) for i, raw in enumerate(raw_lines, start=1)]
@@ -67,7 +83,21 @@ def iter_lines(stream: IO, name: str = "<stdin>") -> Iterator[str]:
     for lineno, raw in enumerate(stream if binary is None else binary, start=1):
         if isinstance(raw, str):  # an in-memory text stream (io.StringIO)
             raw = raw.encode("utf-8", "surrogatepass")
+        if lineno == 1:
+            raw = _drop_bom(raw, name)
+            if not raw:  # a BOM alone is no line, as in a file
+                return
         yield _decode_line(_strip_cr(raw.removesuffix(b"\n")), name, lineno)
+
+
+def check_unicode(texts: Iterable[str], number_from: int = 1) -> None:
+    """DataError naming the first text that is not Unicode: a lone surrogate, which a Python string (and JSON's
+    "\\ud800") can hold but no UTF-8 file can, and on which the tokenizer would fail with a TypeError."""
+    for i, text in enumerate(texts, start=number_from):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise DataError(f"input {i}: not valid Unicode (a lone surrogate at character {e.start + 1})") from None
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> tuple[list[str], list[str]]:

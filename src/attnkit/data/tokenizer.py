@@ -14,6 +14,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from attnkit.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # fixed for every vocabulary
+from attnkit.data.text import check_unicode
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes
 
@@ -135,10 +136,14 @@ class SubwordTokenizer:
         same state once anything has set sentencepiece's seed (tokenizer training does), so every call would
         draw the same pieces.
         """
-        if not dropout:
-            return self._sp.encode(texts, out_type=int)
-        return [self._sp.encode(text, out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1)
-                for text in texts]
+        try:
+            if not dropout:
+                return self._sp.encode(texts, out_type=int)
+            return [self._sp.encode(text, out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1)
+                    for text in texts]
+        except TypeError:  # sentencepiece's answer to a lone surrogate: name the text instead
+            check_unicode(texts)
+            raise
 
     def decode(self, ids_batch: list[list[int]]) -> list[str]:
         """Text of model outputs: everything from the first EOS on is ignored, PAD/BOS dropped."""

@@ -33,7 +33,7 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
     # The K beams of a sentence would start identical: the first step runs one row per sentence (kk = 1
     # row each), and its K best continuations become the K beams (`expand`).
     state = model.init_state(model.encode(src))
-    rules = StepRules(max_lengths(src, max_len_a, max_len_b, max_len), min_len, prefix, no_repeat_ngram)
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b, max_len, prefix), min_len, prefix, no_repeat_ngram)
     steps = int(rules.limits.max()) + 1
     beam_scores = torch.zeros(b, 1, device=device)  # (A, kk)
     history = torch.empty(b, 0, dtype=torch.long, device=device)  # (N, t), N = A * kk
@@ -72,7 +72,8 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
         state = state.reorder(rows, within_sentences=True) if kk == k else state.expand(k)
         rules = rules.reorder(rows)
         best_possible = _best_possible(beam_scores, t, rules.limits.view(a, k)[:, 0], len_penalty, len_style)
-        running = torch.tensor([len(finished[s]) < k or finished[s][-1].norm_score < bound
+        # a sentence whose beams are all dead (-inf: its limit forced EOS, e.g. an empty source) has nothing to find
+        running = torch.tensor([bound > float("-inf") and (len(finished[s]) < k or finished[s][-1].norm_score < bound)
                                 for s, bound in zip(sentences.tolist(), best_possible.tolist())], device=device)
         if not running.any():
             break

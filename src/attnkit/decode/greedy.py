@@ -41,7 +41,8 @@ def left_to_right(model, src: torch.Tensor, pick: Pick, *, max_len_a: float = 1.
     follows the sentences still running.
     """
     b = src.size(0)
-    rules = StepRules(max_lengths(src, max_len_a, max_len_b, max_len), min_len, prefix, no_repeat_ngram)
+    rules = StepRules(max_lengths(src, max_len_a, max_len_b, max_len, prefix), min_len, prefix,
+                      no_repeat_ngram)
     steps = int(rules.limits.max()) + 1
     state = model.init_state(model.encode(src))
     active = torch.arange(b, device=src.device)  # original sentence of each state row

@@ -50,10 +50,20 @@ class Hypothesis:
     attention: torch.Tensor | None = None  # (len(tokens) + 1, H, S) cross-attention of the chosen layer
 
 
-def max_lengths(src: torch.Tensor, a: float, b: int, cap: int = 0) -> torch.Tensor:
-    """Per-sentence output limit a * |src| + b (|src| counting real tokens only), at most `cap` if set."""
-    limits = (src.ne(PAD_ID).sum(1).float() * a + b).long().clamp(min=1)
-    return limits.clamp(max=cap) if cap > 0 else limits
+def max_lengths(src: torch.Tensor, a: float, b: int, cap: int = 0, prefix: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Per-sentence output limit a * |src| + b (|src| counting real tokens only), at most `cap` if set.
+
+    A source without content (its EOS alone: an empty or blank line, or one of characters the tokenizer drops)
+    gets 0: its translation is empty, as CTranslate2 answers it, not whatever the model makes of nothing; the
+    search still scores that EOS. A forced `prefix` (N, P) keeps its row's limit."""
+    real = src.ne(PAD_ID).sum(1)  # (N,) with the EOS
+    limits = (real.float() * a + b).long().clamp(min=1)
+    limits = limits.clamp(max=cap) if cap > 0 else limits
+    empty = real.le(1)
+    if prefix is not None and prefix.size(1):
+        empty &= prefix[:, 0].eq(PAD_ID)
+    return limits.masked_fill(empty, 0)
 
 
 def length_penalty(length: int | torch.Tensor, alpha: float, style: str = "gnmt") -> float | torch.Tensor:

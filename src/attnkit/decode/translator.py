@@ -13,6 +13,7 @@ import torch
 from attnkit.checkpoint import check_same_tokenizers, load_checkpoint, model_from
 from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
+from attnkit.data.text import check_unicode
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode.beam import beam_search
 from attnkit.decode.ensemble import Ensemble
@@ -123,7 +124,9 @@ class Translator:
 
     def encode_sources(self, sentences: list[str], number_from: int = 1) -> list[np.ndarray]:
         """Subword ids; inputs longer than the model's positions are truncated with a warning naming the input,
-        counted from `number_from` (the caller's numbering: a file's line number when it translates line by line)."""
+        counted from `number_from` (the caller's numbering: a file's line number when it translates line by line).
+        A text that is not Unicode (a lone surrogate) is refused in one line naming the input."""
+        check_unicode(sentences, number_from)
         ids = []
         for i, ids_i in enumerate(self.src_tok.encode(sentences), start=number_from):
             if len(ids_i) > self.max_src_len:
@@ -259,6 +262,7 @@ class Translator:
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets: score needs one target per source")
         src_ids = self.encode_sources(sources)
+        check_unicode(targets)
         tgt_ids = [np.asarray(ids, dtype=np.int64) for ids in self.tgt_tok.encode(targets)]
         out: list[float] = []
         for start in range(0, len(sources), batch_size):

@@ -124,11 +124,14 @@ class CT2Translator:
         ct2 = require_ctranslate2()
         name, index = _device(device)
         path = Path(path)
+        torch_threads = torch.get_num_threads()
         try:
             translator = ct2.Translator(str(path), device=name, device_index=index, compute_type=compute_type,
                                         intra_threads=threads)
         except (RuntimeError, ValueError) as e:
             raise CheckpointError(f"CTranslate2 cannot load {path}: {e}") from None
+        finally:  # loading sets OpenMP's thread count of this thread, which is torch's: the caller's stays
+            torch.set_num_threads(torch_threads)
         toks = {side: SubwordTokenizer.load(path / file) for side, file in meta["tokenizers"].items()}
         return cls(translator, toks["src"], toks["tgt"], max_positions=meta["max_positions"],
                    decoder_layers=meta["decoder_layers"], **meta["decode"])

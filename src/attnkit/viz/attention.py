@@ -84,12 +84,13 @@ def draw_grid(weights: np.ndarray, queries: list[str], keys: list[str], *, row_n
             ax = axes[r, h]
             ax.imshow(weights[r, h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
             ax.set_title(f"{row_names[r]} head {h + 1}", fontsize=8)
-            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
-            ax.set_yticks(range(len(queries)), queries, fontsize=6)
+            # tokens and sentences are text: "$x^$" drawn as written, never parsed as TeX math (which fails on it)
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6, parse_math=False)
+            ax.set_yticks(range(len(queries)), queries, fontsize=6, parse_math=False)
             if boundary is not None:
                 ax.axvline(boundary - 0.5, color="red", linewidth=1.2, linestyle="--")  # memory | segment
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=10, parse_math=False)
     return fig
 
 
@@ -241,7 +242,7 @@ def lm_encode(vocab, text: str) -> np.ndarray:
     """A text as the LM's ids, without the end-of-line token the vocabulary adds after every line."""
     ids = vocab.encode([text])[:-1]
     if not len(ids):
-        raise AttnkitError("plot attention: the text is empty; give a language model some text to read")
+        raise AttnkitError("the text is empty: a language model needs some text to read")  # CLI and service alike
     return ids
 
 

@@ -149,11 +149,11 @@ def _draw_steps(ax, trace: DecodingTrace) -> None:
         grid[t, t] = 1.0  # fed at this step
     ax.imshow(grid, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     probs = np.exp(trace.step_logp[np.arange(n), trace.step_outputs])
-    ax.set_xticks(range(n), trace.label(trace.step_inputs), rotation=90, fontsize=7)
+    ax.set_xticks(range(n), trace.label(trace.step_inputs), rotation=90, fontsize=7, parse_math=False)
     ax.set_yticks(range(n), [f"step {t + 1}" for t in range(n)], fontsize=7)
     right = ax.secondary_yaxis("right")
     right.set_yticks(range(n), [f"→ {p} ({q:.2f})" for p, q in zip(trace.label(trace.step_outputs), probs)],
-                     fontsize=7)
+                     fontsize=7, parse_math=False)
     ax.set(xlabel="input (BOS + its own earlier choices)",
            title="inference: one step at a time\n(dark: fed at this step; light: from the cache)")
 
@@ -166,12 +166,12 @@ def _draw_forced(ax, trace: DecodingTrace) -> None:
     ax.imshow(np.where(mask > 0, weights, np.nan), cmap="viridis", vmin=0, vmax=1, aspect="auto",
               interpolation="nearest")
     ax.imshow(np.where(mask > 0, np.nan, 1.0), cmap="Greys", vmin=0, vmax=1.6, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(t), trace.label(trace.forced_inputs), rotation=90, fontsize=7)
+    ax.set_xticks(range(t), trace.label(trace.forced_inputs), rotation=90, fontsize=7, parse_math=False)
     ax.set_yticks(range(t), [f"pos {i + 1}" for i in range(t)], fontsize=7)
     probs = np.exp(trace.forced_logp[np.arange(t), trace.forced_outputs])
     right = ax.secondary_yaxis("right")
     right.set_yticks(range(t), [f"→ {p} ({q:.2f})" for p, q in zip(trace.label(trace.forced_outputs), probs)],
-                     fontsize=7)
+                     fontsize=7, parse_math=False)
     what = ("self-attention, last layer, heads averaged" if trace.self_attention is not None
             else "an RNN decoder: causal by its recurrence")
     ax.set(xlabel="input (BOS + target), all read at once",
@@ -203,5 +203,5 @@ def plot_decoding(trace: DecodingTrace, path: str | Path | None) -> Plot:
     _draw_forced(axes[0, 1], trace)
     _draw_gaps(axes[0, 2], trace)
     summary = trace.summary()
-    fig.suptitle(f"source: {trace.source}\n" + "\n".join(summary[1:]), fontsize=9)
+    fig.suptitle(f"source: {trace.source}\n" + "\n".join(summary[1:]), fontsize=9, parse_math=False)  # text, not TeX
     return finish(fig, {"trace": trace, "summary": summary}, path)
