@@ -344,6 +344,14 @@ def test_training_writes_the_dev_attention_into_tensorboard(run_dir, data_dir, t
         translator.src_tok.pieces(translator.encode_sources([first])[0].tolist())) + 1
 
 
+def test_the_dev_attention_draws_a_sentence_with_dollar_signs_as_written(data_dir, translator):
+    """matplotlib reads $...$ as TeX: "drei $\\frac{$ vier" failed to draw and the picture was skipped."""
+    from attnkit.viz.figure import png_bytes
+
+    fig = dev_attention_figure(translator, data_dir, title="drei $\\frac{$ vier")
+    assert png_bytes(fig)[:8] == PNG_SIGNATURE and fig.texts[0].get_text() == "drei $\\frac{$ vier"
+
+
 def test_report_failure_is_a_warning_not_a_crash(tmp_path):
     said: list[str] = []
     assert after_fit(tmp_path / "missing", None, said.append) is None

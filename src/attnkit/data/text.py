@@ -90,14 +90,21 @@ def iter_lines(stream: IO, name: str = "<stdin>") -> Iterator[str]:
         yield _decode_line(_strip_cr(raw.removesuffix(b"\n")), name, lineno)
 
 
+def lone_surrogate(text: str) -> int:
+    """The 1-based character of `text`'s first lone surrogate (0: none): a Python string (and JSON's "\\ud800") can
+    hold one, no UTF-8 file can, and the tokenizer fails on it with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start + 1
+    return 0
+
+
 def check_unicode(texts: Iterable[str], number_from: int = 1) -> None:
-    """DataError naming the first text that is not Unicode: a lone surrogate, which a Python string (and JSON's
-    "\\ud800") can hold but no UTF-8 file can, and on which the tokenizer would fail with a TypeError."""
+    """DataError naming the first text that is not Unicode (`lone_surrogate`)."""
     for i, text in enumerate(texts, start=number_from):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise DataError(f"input {i}: not valid Unicode (a lone surrogate at character {e.start + 1})") from None
+        if at := lone_surrogate(text):
+            raise DataError(f"input {i}: not valid Unicode (a lone surrogate at character {at})")
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> tuple[list[str], list[str]]:

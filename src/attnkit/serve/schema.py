@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from attnkit.data.text import lone_surrogate
 from attnkit.decode.translator import DecodeOptions, Translation
 from attnkit.errors import ConfigError
 
@@ -127,10 +128,8 @@ def check_text(text: str, field: str) -> None:
     """ConfigError unless the tokenizer can take `text`. JSON can carry a lone surrogate ("\\ud800"), which
     is not Unicode. Anything else goes through unchanged, so that an answer equals `attnkit translate` of
     the same line."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ConfigError(f"field '{field}': not valid Unicode (a lone surrogate at character {e.start + 1})") from None
+    if at := lone_surrogate(text):
+        raise ConfigError(f"field '{field}': not valid Unicode (a lone surrogate at character {at})")
 
 
 class Hypothesis(BaseModel):

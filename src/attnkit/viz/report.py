@@ -161,7 +161,7 @@ def dev_attention_figure(translator, data_dir: str | Path, title: str = ""):
         return None
     view = seq2seq_views(translator, sources[:1])[0]
     fig = attention_figure(view)
-    fig.suptitle(title or f"{view.source}\n→ {view.output}", fontsize=8)
+    fig.suptitle(title or f"{view.source}\n→ {view.output}", fontsize=8, parse_math=False)  # text as written
     width, height = fig.get_size_inches()
     fig.set_size_inches(max(width, 6.0), max(height, 4.5) + 0.5)  # room for the two-line title
     return fit_fonts(fig)  # TensorBoard renders it without png_bytes
