@@ -2,7 +2,8 @@
 
 Tensors: `model.*` weights, `optim.<param index>.<name>` optimizer state, `tokenizer.src|tgt` (the
 sentencepiece models as bytes, so a checkpoint translates on its own) and `rng.torch` (`rng.cuda`). Metadata (JSON
-strings): format version, model kind, the run config, the training position, optimizer hyper-parameters.
+strings): format version, model kind, the run config, the training position, optimizer hyper-parameters and the
+languages (`{"src": "zh", "tgt": "en"}`, as `attnkit prepare` recorded them; absent in older checkpoints).
 Written to a temp file and renamed, so a kill leaves the previous checkpoint whole.
 
 Loading never unpickles: a pickle or `torch.save` file (which can run arbitrary code when loaded) is
@@ -44,6 +45,7 @@ class Checkpoint:
     optimizer_state: dict[str, Any] | None = None
     rng_state: torch.Tensor | None = None
     cuda_rng_state: torch.Tensor | None = None  # the current CUDA device's generator, when training there
+    languages: dict[str, str | None] = field(default_factory=dict)  # {"src": code, "tgt": code} of the data
 
 
 def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | None = None) -> None:
@@ -58,6 +60,8 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | 
         "config": json.dumps(cfgmod.to_dict(ckpt.config)),
         "train_state": json.dumps(ckpt.train_state),
     }
+    if ckpt.languages:
+        meta["languages"] = json.dumps(ckpt.languages)
     if ckpt.optimizer_state is not None:
         opt_tensors, opt_meta = _flatten_optimizer(ckpt.optimizer_state)
         tensors.update(opt_tensors)
@@ -143,7 +147,30 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         optimizer_state=_unflatten_optimizer(tensors, json.loads(meta["optimizer"])) if "optimizer" in meta else None,
         rng_state=tensors.get("rng.torch"),
         cuda_rng_state=tensors.get("rng.cuda"),
+        languages=_languages(meta, path),
     )
+
+
+def _languages(meta: dict[str, str], path: Path) -> dict[str, str | None]:
+    try:
+        languages = json.loads(meta.get("languages", "{}"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: its languages cannot be read ({e})") from None
+    if not isinstance(languages, dict):
+        raise CheckpointError(f"{path}: its languages are not a mapping ({languages!r})")
+    return languages
+
+
+def checkpoint_languages(path: str | Path) -> dict[str, str | None]:
+    """{"src": code, "tgt": code} a checkpoint carries, read from its header alone (no weights loaded); {} for a
+    checkpoint written before languages were recorded, or of data prepared without them."""
+    path = check_checkpoint(path)
+    with path.open("rb") as f:
+        head = f.read(16)
+        if head[8:9] != b"{":  # a trusted pickle (check_checkpoint passed it): no header to read
+            return {}
+        f.seek(0)
+        return _languages(_read_metadata(f.read(8 + int.from_bytes(head[:8], "little"))), path)
 
 
 def _load_trusted_pickle(path: Path) -> Checkpoint:
@@ -156,7 +183,8 @@ def _load_trusted_pickle(path: Path) -> Checkpoint:
         obj = torch.load(path, map_location="cpu", weights_only=False)
         config = cfgmod.from_dict(cfgmod.family(obj["kind"]).run, cfgmod.upgrade(obj["config"]))
         return Checkpoint(kind=obj["kind"], config=config, model_state=obj["model_state"],
-                          tokenizers=obj["tokenizers"], train_state=obj.get("train_state", {}))
+                          tokenizers=obj["tokenizers"], train_state=obj.get("train_state", {}),
+                          languages=obj.get("languages", {}))
     except (KeyError, TypeError, cfgmod.ConfigError) as e:
         raise CheckpointError(f"{path}: a trusted pickle checkpoint must be a dict with kind, config, "
                               f"model_state and tokenizers ({type(e).__name__}: {e})") from None
@@ -280,6 +308,6 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Checkpoint:
             for name, tensor in first.model_state.items()}
     last = ckpts[-1]
     averaged = Checkpoint(last.kind, last.config, mean, last.tokenizers,
-                          {**last.train_state, "averaged_from": [str(p) for p in paths]})
+                          {**last.train_state, "averaged_from": [str(p) for p in paths]}, languages=last.languages)
     save_checkpoint(out, averaged)
     return averaged

@@ -52,6 +52,8 @@ def add_parsers(sub) -> dict[str, Callable]:
     b.add_argument("--unit", choices=["words", "pieces"], default="words",
                    help="count source length in words (default) or subword pieces")
     b.add_argument("--metric", choices=["bleu", "bleu_lc"], default="bleu", help="what the chart plots")
+    b.add_argument("--tokenize", metavar="TOK", help="sacreBLEU's tokenizer (13a, zh, char, ...); default: the "
+                                                     "target language's, which the checkpoint records")
     add_device_option(b)
     add_decode_options(b)
     _add_heads(ex)
@@ -223,7 +225,7 @@ def cmd_by_length(args: argparse.Namespace, overrides: list[str]) -> None:
             raise AttnkitError(f"by-length: two checkpoints are labelled '{label}'; name them LABEL=PATH")
         checkpoints[label] = path
     bleu_by_length(checkpoints, sources, refs, args.out, options=decode_options(args), n_buckets=args.buckets,
-                   edges=args.edges, unit=args.unit, metric=args.metric, device=args.device)
+                   edges=args.edges, unit=args.unit, metric=args.metric, device=args.device, tokenize=args.tokenize)
     print((Path(args.out) / "by_length.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {args.out}/by_length.csv, by_length.md, by_length.png")
 

@@ -26,9 +26,12 @@ def add_parsers(sub) -> dict[str, Callable]:
     d.add_argument("--force", action="store_true", help="overwrite an existing demo folder")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    pr = sub.add_parser("prepare", help="train a sentencepiece vocabulary and encode a parallel corpus")
-    pr.add_argument("--src", required=True, help="source language suffix, e.g. de")
-    pr.add_argument("--tgt", required=True, help="target language suffix, e.g. en")
+    pr = sub.add_parser("prepare", help="train a sentencepiece vocabulary and encode a parallel corpus",
+                        description="The suffixes --src / --tgt are the languages' codes: prepare records them, "
+                                    "training copies them into the checkpoint, and BLEU is tokenised for the "
+                                    "target language (zh: by character) wherever it is scored.")
+    pr.add_argument("--src", required=True, help="source language suffix and code, e.g. de or zh")
+    pr.add_argument("--tgt", required=True, help="target language suffix and code, e.g. en")
     pr.add_argument("--train", required=True, help="file prefix: PREFIX.SRC and PREFIX.TGT (or .gz)")
     pr.add_argument("--valid", help="dev set prefix")
     pr.add_argument("--test", help="test set prefix")
@@ -36,7 +39,15 @@ def add_parsers(sub) -> dict[str, Callable]:
     pr.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size (sentencepiece)")
     pr.add_argument("--model-type", default="bpe", choices=["bpe", "unigram", "char", "word"],
                     help="sentencepiece model type")
-    pr.add_argument("--separate-vocab", action="store_true", help="one vocabulary per language")
+    pr.add_argument("--separate-vocab", action="store_true",
+                    help="one vocabulary per language (each --vocab-size), for scripts that share almost nothing")
+    pr.add_argument("--normalization", default="nmt_nfkc",
+                    choices=["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"],
+                    help="sentencepiece's normalization rule, kept in the tokenizer: nmt_nfkc (default) turns "
+                         "fullwidth ，？！１２ into ,?!12; identity keeps the text as written")
+    pr.add_argument("--character-coverage", type=float, default=1.0,
+                    help="share of the training characters the vocabulary covers, the rarest beyond it UNK "
+                         "(1.0 keeps all; sentencepiece suggests 0.9995 for large character sets)")
     pr.add_argument("--max-src-len", type=int, default=256, help="drop training pairs longer than this")
     pr.add_argument("--max-tgt-len", type=int, default=256, help="drop training pairs whose target is longer")
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
@@ -78,7 +89,8 @@ def cmd_prepare(args, overrides: list[str]) -> None:
 
     report = prepare(args.out, pair(args.train), pair(args.valid), pair(args.test), vocab_size=args.vocab_size,
                      joint=not args.separate_vocab, model_type=args.model_type, max_src_len=args.max_src_len,
-                     max_tgt_len=args.max_tgt_len, force=args.force)
+                     max_tgt_len=args.max_tgt_len, force=args.force, src_lang=args.src, tgt_lang=args.tgt,
+                     normalization=args.normalization, character_coverage=args.character_coverage)
     print(report.summary())
     print(f"wrote {args.out}")
 

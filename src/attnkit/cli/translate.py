@@ -78,9 +78,16 @@ def add_parsers(sub) -> dict[str, Callable]:
                       help="output tokens per sentence (also the default of the request's max_len)")
     caps.add_argument("--max-top-k", type=int, default=1000, help="top_k for sampling")
 
-    e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file")
+    e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file",
+                       description="BLEU tokenised for the target language (zh for Chinese, ja-mecab / ko-mecab "
+                                   "where installed, 13a otherwise): --tgt-lang, else the references' script "
+                                   "decides; --tokenize overrides. Prints sacreBLEU's signatures and the choice.")
     e.add_argument("--hyp", required=True, help="the system's translations, one per line")
     e.add_argument("--ref", required=True, help="the reference translations, line-aligned with --hyp")
+    e.add_argument("--tgt-lang", help="the references' language code (zh, ja, ko, en, ...); without it the "
+                                      "references' script decides")
+    e.add_argument("--tokenize", metavar="TOK", help="sacreBLEU's tokenizer whatever the language: 13a, zh, "
+                                                     "ja-mecab, ko-mecab, char, intl or none")
     return {"translate": cmd_translate, "score": cmd_score, "serve": cmd_serve, "evaluate": cmd_evaluate}
 
 
@@ -238,6 +245,7 @@ def cmd_evaluate(args, overrides: list[str]) -> None:
     from attnkit.data import read_parallel
     from attnkit.eval import score_corpus
 
-    scores = score_corpus(*read_parallel(args.hyp, args.ref))  # a lost or extra line: an error naming both files
+    hyps, refs = read_parallel(args.hyp, args.ref)  # a lost or extra line: an error naming both files
+    scores = score_corpus(hyps, refs, lang=args.tgt_lang, tokenize=args.tokenize)
     print(scores.summary())
-    print(f"BLEU signature: {scores.signature}\nlowercased:     {scores.signature_lc}")
+    print(scores.signatures())

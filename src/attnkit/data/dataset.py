@@ -26,7 +26,7 @@ import safetensors
 import safetensors.numpy
 
 from attnkit.data.text import read_lines, read_parallel, write_lines
-from attnkit.data.tokenizer import MAX_SENTENCE_BYTES, SubwordTokenizer, too_long_to_learn
+from attnkit.data.tokenizer import DEFAULT_NORMALIZATION, MAX_SENTENCE_BYTES, SubwordTokenizer, too_long_to_learn
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes, atomic_write_json, ensure_new_output
 
@@ -161,12 +161,13 @@ def _filter_train(
 
 
 def _train_tokenizers(
-    src: list[str], tgt: list[str], *, vocab_size: int, joint: bool, model_type: str, seed: int
+    src: list[str], tgt: list[str], *, vocab_size: int, joint: bool, **options
 ) -> tuple[SubwordTokenizer, SubwordTokenizer]:
-    """One shared model (shared subwords for names/numbers, tieable embeddings) or one per language."""
+    """One shared model (shared subwords for names/numbers, tieable embeddings) or one per language; `options`:
+    SubwordTokenizer.train's (model_type, seed, character_coverage, normalization)."""
 
     def train(texts: list[str]) -> SubwordTokenizer:
-        return SubwordTokenizer.train(texts, vocab_size, model_type=model_type, seed=seed)
+        return SubwordTokenizer.train(texts, vocab_size, **options)
 
     if joint:
         tok = train(src + tgt)
@@ -240,8 +241,17 @@ def prepare(
     max_tgt_len: int = 256,
     force: bool = False,
     seed: int = 0,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+    normalization: str = DEFAULT_NORMALIZATION,
+    character_coverage: float = 1.0,
 ) -> PrepareReport:
-    """Train tokenizer(s) on the training text, encode every split and write the data folder."""
+    """Train tokenizer(s) on the training text, encode every split and write the data folder.
+
+    `src_lang` / `tgt_lang`: the languages' codes (zh, en, ...), recorded in prepare.json and copied by training
+    into every checkpoint, so that BLEU is tokenised for the target language (`attnkit.eval.bleu_tokenizer`)
+    without being told again. `normalization` and `character_coverage`: the tokenizer's (`SubwordTokenizer.train`).
+    """
     _check_lengths(max_src_len, max_tgt_len)
     out_dir = _check_out_dir(ensure_new_output(out_dir, force, what="data folder"))
     # read everything before writing anything: a bad valid file must not leave a half-made folder
@@ -249,7 +259,8 @@ def prepare(
     texts = {name: read_parallel(*paths) for name, paths in given.items()}
     try:
         src_tok, tgt_tok = _train_tokenizers(
-            *texts["train"], vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed
+            *texts["train"], vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed,
+            normalization=normalization, character_coverage=character_coverage,
         )
     except DataError as e:
         raise DataError(f"{given['train'][0]}, {given['train'][1]}: {e}") from None
@@ -274,6 +285,9 @@ def prepare(
         "tgt_vocab_size": tgt_tok.vocab_size,
         "joint": joint,
         "model_type": model_type,
+        "normalization": normalization,
+        "character_coverage": character_coverage,
+        "languages": {"src": src_lang, "tgt": tgt_lang},
         "max_src_len": max_src_len,
         "max_tgt_len": max_tgt_len,
         "seed": seed,
@@ -283,15 +297,26 @@ def prepare(
     return report
 
 
-def _setting(data_dir: Path, key: str, default):
-    """One of prepare.json's settings; `default` for a folder without prepare.json."""
+def _setting(data_dir: Path, key: str, default, *, since: bool = False):
+    """One of prepare.json's settings; `default` for a folder without prepare.json, and with `since` (a setting
+    added after the first release) for one prepared before the setting was recorded."""
     meta = data_dir / "prepare.json"
     if not meta.is_file():
         return default
     try:
-        return json.loads(meta.read_text(encoding="utf-8"))["settings"][key]
-    except (ValueError, KeyError, TypeError) as e:
+        settings = json.loads(meta.read_text(encoding="utf-8"))["settings"]
+        return settings.get(key, default) if since else settings[key]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DataError(f"{meta}: unreadable: {e}") from None
+
+
+def data_languages(data_dir: str | os.PathLike) -> dict[str, str | None]:
+    """{"src": code, "tgt": code} that prepare recorded; None for a side it was not told (or a folder prepared
+    before languages were recorded: BLEU then looks at the references' script)."""
+    languages = _setting(Path(data_dir), "languages", None, since=True) or {}
+    if not isinstance(languages, dict):
+        raise DataError(f"{Path(data_dir) / 'prepare.json'}: settings.languages is not a mapping: {languages!r}")
+    return {side: languages.get(side) for side in ("src", "tgt")}
 
 
 def _is_joint(data_dir: Path) -> bool:

@@ -19,6 +19,14 @@ from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes
 
 MIN_VOCAB_SIZE = 8  # the 4 specials plus a few pieces; anything smaller cannot encode text at all
+# sentencepiece's normalization_rule_name values (0.2.x): what the tokenizer does to the text before splitting it,
+# stored in the model itself, so that encoding at translation time normalises as training did.
+#   nmt_nfkc     NFKC plus NMT cleanups (sentencepiece's default): fullwidth ，？！１２ -> ,?!12, x² -> x2
+#   nfkc         NFKC alone
+#   nmt_nfkc_cf  nmt_nfkc, then case folding;  nfkc_cf  nfkc, then case folding
+#   identity     none: the text as written (decode(encode(s)) == s for text without runs of spaces)
+NORMALIZATIONS = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
+DEFAULT_NORMALIZATION = "nmt_nfkc"
 # sentencepiece samples this many sentences for training: enough for any MT corpus we ship,
 # small enough that a multi-million-line corpus does not exhaust memory.
 MAX_TRAIN_SENTENCES = 2_000_000
@@ -65,10 +73,20 @@ class SubwordTokenizer:
         model_type: str = "bpe",
         character_coverage: float = 1.0,
         seed: int = 0,
+        normalization: str = DEFAULT_NORMALIZATION,
     ) -> SubwordTokenizer:
-        """Train in memory; `hard_vocab_limit=False` lets tiny test corpora yield a smaller vocab."""
+        """Train in memory; `hard_vocab_limit=False` lets tiny test corpora yield a smaller vocab.
+
+        `character_coverage`: the share of the training text's characters the vocabulary must cover, the rarest
+        characters beyond it becoming UNK (sentencepiece suggests 0.9995 for languages with large character sets;
+        1.0 keeps every character seen). `normalization`: one of NORMALIZATIONS.
+        """
         if vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(f"vocab_size must be at least {MIN_VOCAB_SIZE}, got {vocab_size}")
+        if normalization not in NORMALIZATIONS:
+            raise ConfigError(f"unknown normalization {normalization!r} (known: {', '.join(NORMALIZATIONS)})")
+        if not 0.0 < character_coverage <= 1.0:
+            raise ConfigError(f"character_coverage must be in (0, 1], got {character_coverage:g}")
         sentences = _trainable(texts)
         if not sentences:
             raise DataError(f"cannot train tokenizer: every line is empty or longer than {MAX_SENTENCE_BYTES} bytes")
@@ -81,6 +99,7 @@ class SubwordTokenizer:
                 vocab_size=vocab_size,
                 model_type=model_type,
                 character_coverage=character_coverage,
+                normalization_rule_name=normalization,
                 pad_id=PAD_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,

@@ -4,11 +4,13 @@ final evaluation and the experiments' tables, so that they agree on the same dat
 from __future__ import annotations
 
 from attnkit.decode import DecodeOptions, Translation, Translator
-from attnkit.eval.bleu import Scores, score_corpus
+from attnkit.eval.bleu import Scores, TokenizerChoice, score_corpus
 
 
 def translate_and_score(translator: Translator, sources: list[str], refs: list[str],
-                        options: DecodeOptions | None = None) -> tuple[list[Translation], Scores]:
-    """Translations of `sources` (greedy unless `options` say otherwise) and their scores against `refs`."""
+                        options: DecodeOptions | None = None, *, lang: str | None = None,
+                        tokenizer: TokenizerChoice | None = None) -> tuple[list[Translation], Scores]:
+    """Translations of `sources` (greedy unless `options` say otherwise) and their scores against `refs`, BLEU
+    tokenised for target language `lang` (`score_corpus`; `tokenizer` when the caller chose it already)."""
     translations = translator.translate(sources, options or DecodeOptions())
-    return translations, score_corpus([t.text for t in translations], refs)
+    return translations, score_corpus([t.text for t in translations], refs, lang=lang, tokenizer=tokenizer)

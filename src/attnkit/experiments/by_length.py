@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from attnkit.checkpoint import checkpoint_languages
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.errors import AttnkitError
-from attnkit.eval.bleu import score_corpus
+from attnkit.eval.bleu import TokenizerChoice, bleu_tokenizer, score_corpus
 from attnkit.experiments.tables import write_table
 from attnkit.viz.figure import finish, subplots
 
@@ -51,15 +52,17 @@ def bucket_label(bucket: tuple[int, int]) -> str:
 
 
 def bucket_scores(lengths: Sequence[int], hyps: Sequence[str], refs: Sequence[str],
-                  buckets: Sequence[tuple[int, int]]) -> list[dict]:
-    """Corpus BLEU of the sentences in each bucket: [{"bucket", "sentences", "bleu", "bleu_lc"}]."""
+                  buckets: Sequence[tuple[int, int]], tokenizer: TokenizerChoice | None = None) -> list[dict]:
+    """Corpus BLEU of the sentences in each bucket: [{"bucket", "sentences", "bleu", "bleu_lc"}], every bucket
+    tokenised alike (`tokenizer`, else the one all of `refs` call for)."""
+    tokenizer = tokenizer or bleu_tokenizer(refs)
     out = []
     for bucket in buckets:
         idx = [i for i, n in enumerate(lengths) if bucket[0] <= n <= bucket[1]]
         if not idx:
             out.append({"bucket": bucket, "sentences": 0, "bleu": float("nan"), "bleu_lc": float("nan")})
             continue
-        s = score_corpus([hyps[i] for i in idx], [refs[i] for i in idx])
+        s = score_corpus([hyps[i] for i in idx], [refs[i] for i in idx], tokenizer=tokenizer)
         out.append({"bucket": bucket, "sentences": len(idx), "bleu": s.bleu, "bleu_lc": s.bleu_lc})
     return out
 
@@ -72,11 +75,12 @@ def checkpoint_label(path: str | Path) -> str:
 
 def bleu_by_length(checkpoints: dict[str, str | Path], sources: list[str], refs: list[str], out_dir: str | Path,
                    *, options: DecodeOptions | None = None, n_buckets: int = 5, edges: Sequence[int] | None = None,
-                   unit: str = "words", metric: str = "bleu", device: str = "auto",
+                   unit: str = "words", metric: str = "bleu", device: str = "auto", tokenize: str | None = None,
                    say: Callable[[str], None] = print) -> dict[str, list[dict]]:
     """Translate `sources` with each checkpoint (label -> path); BLEU per source-length bucket, table + chart.
 
-    unit: "words" (whitespace-separated) or "pieces" (subwords of the first checkpoint's tokenizer).
+    unit: "words" (whitespace-separated) or "pieces" (subwords of the first checkpoint's tokenizer). BLEU is
+    tokenised for the target language the first checkpoint records (else the references' script), or `tokenize`.
     """
     if len(sources) != len(refs):
         raise AttnkitError(f"by-length: {len(sources)} sources but {len(refs)} references (not line-aligned)")
@@ -86,10 +90,14 @@ def bleu_by_length(checkpoints: dict[str, str | Path], sources: list[str], refs:
     else:
         lengths = [len(s.split()) for s in sources]
     buckets = length_buckets(lengths, n_buckets, edges)
+    lang = checkpoint_languages(next(iter(checkpoints.values()))).get("tgt")
+    tokenizer = bleu_tokenizer(refs, lang=lang, tokenize=tokenize)
+    say(f"BLEU tokenizer: {tokenizer.describe()}")
     results = {}
     for label, translator in translators.items():
         say(f"translating {len(sources)} sentences with {label} ({checkpoints[label]})")
-        results[label] = bucket_scores(lengths, translator.translate_texts(sources, options=options), refs, buckets)
+        results[label] = bucket_scores(lengths, translator.translate_texts(sources, options=options), refs, buckets,
+                                       tokenizer)
     first = next(iter(results.values()))
     header = [f"source {unit}", "sentences"] + [f"{label} {m}" for label in results for m in ("bleu", "bleu_lc")]
     rows = [[bucket_label(b["bucket"]), b["sentences"]]

@@ -22,6 +22,7 @@ import torch
 
 from attnkit import config as cfgmod
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, read_lines
+from attnkit.data.dataset import data_languages
 from attnkit.decode import DecodeOptions, Translator, score_targets
 from attnkit.errors import AttnkitError
 from attnkit.eval import translate_and_score
@@ -43,10 +44,13 @@ class ModelResult:
     steps: int
     dev_bleu: float = float("nan")
     dev_bleu_lc: float = float("nan")
+    dev_chrf: float = float("nan")
     dev_ppl: float = float("nan")
     test_bleu: float = float("nan")
     test_bleu_lc: float = float("nan")
+    test_chrf: float = float("nan")
     test_ppl: float = float("nan")
+    bleu_tokenizer: str = ""  # sacreBLEU's tokeniser, chosen for the target language
     checkpoint: str = ""
 
 
@@ -67,15 +71,18 @@ def split_perplexity(model: torch.nn.Module, data_dir: str | Path, split: str, *
 
 
 def evaluate_checkpoint(path: Path, data_dir: Path, options: DecodeOptions, device: str = "auto") -> dict:
-    """Parameters, and BLEU (cased, lowercased) and perplexity on the prepared dev and test splits that exist."""
+    """Parameters, and BLEU (cased, lowercased; tokenised for the target language prepare recorded, else the
+    references' script), chrF and perplexity on the prepared dev and test splits that exist."""
     translator = Translator.from_checkpoint(path, device=device)
-    out: dict[str, float] = {"parameters": sum(p.numel() for p in translator.model.parameters())}
+    out: dict[str, float | str] = {"parameters": sum(p.numel() for p in translator.model.parameters())}
+    lang = data_languages(data_dir)["tgt"]
     for prefix, split in SPLITS.items():
         if not (data_dir / f"{split}.src.txt").exists():
             continue
         _, scores = translate_and_score(translator, read_lines(data_dir / f"{split}.src.txt"),
-                                        read_lines(data_dir / f"{split}.tgt.txt"), options)
+                                        read_lines(data_dir / f"{split}.tgt.txt"), options, lang=lang)
         out[f"{prefix}_bleu"], out[f"{prefix}_bleu_lc"] = scores.bleu, scores.bleu_lc
+        out[f"{prefix}_chrf"], out["bleu_tokenizer"] = scores.chrf, scores.tokenizer.name
         out[f"{prefix}_ppl"] = split_perplexity(translator.model, data_dir, split, device=translator.device)
     return out
 

@@ -139,6 +139,10 @@ class TrainerBase:
         """The vocabularies a checkpoint carries, so it translates / generates on its own."""
         raise NotImplementedError
 
+    def checkpoint_languages(self) -> dict[str, str | None]:
+        """The languages a checkpoint records ({"src": code, "tgt": code}); none unless the data names them."""
+        return {}
+
     def save(self, path: Path, *, full: bool = True) -> None:
         """Weights, config and vocabularies; with `full`, also optimizer, RNG and training position.
 
@@ -151,7 +155,8 @@ class TrainerBase:
             tokenizers=self.tokenizer_blobs(), train_state=asdict(self.state),
             optimizer_state=self.optimizer.state_dict() if full else None,
             rng_state=torch.get_rng_state() if full else None,
-            cuda_rng_state=torch.cuda.get_rng_state(self.device) if cuda else None),
+            cuda_rng_state=torch.cuda.get_rng_state(self.device) if cuda else None,
+            languages=self.checkpoint_languages()),
             backup=self.prev_path if path == self.last_path else None)
 
     def save_last(self) -> None:

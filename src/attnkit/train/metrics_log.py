@@ -10,8 +10,8 @@ from typing import Any
 from attnkit.io import atomic_open
 from attnkit.runtime import resident_mb
 
-FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "exact",
-          "rss_mb"]
+FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "chrf",
+          "exact", "rss_mb"]
 
 
 class MetricsLog:

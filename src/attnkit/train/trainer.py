@@ -30,8 +30,9 @@ from attnkit.data import (
     resegment_train,
 )
 from attnkit.data.batching import Batch
+from attnkit.data.dataset import data_languages
 from attnkit.decode.translator import Translator
-from attnkit.eval import translate_and_score
+from attnkit.eval import TokenizerChoice, bleu_tokenizer, translate_and_score
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
@@ -69,6 +70,8 @@ class Trainer(TrainerBase):
         self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device)
         self.data_dir, self.progress = Path(data_dir), progress
         self.src_tok, self.tgt_tok = load_tokenizers(self.data_dir)
+        self.languages = data_languages(self.data_dir)
+        self._bleu_tokenizer: TokenizerChoice | None = None  # chosen at the first dev BLEU, kept for the run
         self.cfg = self._fit_config_to_data(cfg)
         self.build()
         # DDP needs the training objective as a module's forward; the lambda finds training_forward at call time
@@ -111,6 +114,9 @@ class Trainer(TrainerBase):
                                tgt_vocab_size=self.tgt_tok.vocab_size,
                                share_embeddings=cfg.model.share_embeddings and joint)
         return cfgmod.replace(cfg, model=model)
+
+    def checkpoint_languages(self) -> dict[str, str | None]:
+        return self.languages if any(self.languages.values()) else {}
 
     def tokenizer_blobs(self) -> dict[str, bytes]:
         blobs = {"src": self.src_tok.to_bytes()}
@@ -162,17 +168,25 @@ class Trainer(TrainerBase):
         return metrics
 
     def dev_bleu(self) -> dict[str, float]:
-        """Greedy BLEU / exact match on the first `eval_max_sentences` dev sentences, computed as the final
-        evaluation of a saved checkpoint computes them (same search, float32, a fresh Translator)."""
+        """Greedy BLEU / chrF / exact match on the first `eval_max_sentences` dev sentences, computed as the final
+        evaluation of a saved checkpoint computes them (same search, float32, a fresh Translator). BLEU is tokenised
+        for the target language prepare recorded (else the references' script), chosen once and logged with
+        sacreBLEU's signature: a Chinese target scored with 13a would read about 0 at every epoch."""
         t = self.cfg.train
         src = read_lines(self.data_dir / "valid.src.txt")
         ref = read_lines(self.data_dir / "valid.tgt.txt")
         if t.eval_max_sentences:
             src, ref = src[: t.eval_max_sentences], ref[: t.eval_max_sentences]
+        first = self._bleu_tokenizer is None
+        if first:
+            self._bleu_tokenizer = bleu_tokenizer(ref, lang=self.languages["tgt"])
         translator = Translator(self.model, self.src_tok, self.tgt_tok, device=self.device,
                                 max_len_a=t.max_len_a, max_len_b=t.max_len_b)
-        _, s = translate_and_score(translator, src, ref)
-        return {"bleu": s.bleu, "bleu_lc": s.bleu_lc, "exact": s.exact}
+        _, s = translate_and_score(translator, src, ref, tokenizer=self._bleu_tokenizer)
+        if first:
+            self.log.say(f"dev BLEU: tokenizer {s.tokenizer.describe()}; sacreBLEU {s.signature}; chrF "
+                         f"{s.signature_chrf}")
+        return {"bleu": s.bleu, "bleu_lc": s.bleu_lc, "chrf": s.chrf, "exact": s.exact}
 
     def _is_better(self, metrics: dict[str, float]) -> bool:
         key = "bleu" if self.cfg.train.best_metric == "bleu" and "bleu" in metrics else "loss"
