@@ -70,7 +70,7 @@ def test_bad_corpus_files_give_one_line_errors(capsys, tmp_path):
                                             tmp_path / "missing", "--out", tmp_path / "o4")
     assert "no such file" in one_line_error(capsys, "evaluate", "--hyp", tmp_path / "nope", "--ref", tmp_path / "a.en")
     (tmp_path / "three.txt").write_text("x\ny\nz\n")
-    assert "line-aligned" in one_line_error(capsys, "evaluate", "--hyp", tmp_path / "three.txt",
+    assert "differ in length" in one_line_error(capsys, "evaluate", "--hyp", tmp_path / "three.txt",
                                             "--ref", tmp_path / "a.en")
 
 
