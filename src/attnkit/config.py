@@ -22,6 +22,8 @@ from attnkit.presets import apply_overrides, deep_merge, load_yaml, preset_path
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 # Fields older versions wrote into configs and checkpoints, with the one value they took (see `upgrade`).
 RETIRED = {"model": {"pad_id": PAD_ID}}
+# The FFN activations: relu (the paper), gelu (erf, as F.gelu), swish = SiLU, x * sigmoid(x) (Marian's)
+ACTIVATIONS = ("relu", "gelu", "swish")
 
 
 def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
@@ -35,8 +37,8 @@ def _check_heads(cfg: Any) -> None:
     """d_model splits evenly into heads; the FFN activation is one attnkit has."""
     if cfg.d_model % cfg.n_heads:
         raise ConfigError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
-    if cfg.activation not in ("relu", "gelu"):
-        raise ConfigError(f"model.activation must be relu or gelu, not {cfg.activation!r}")
+    if cfg.activation not in ACTIVATIONS:
+        raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, not {cfg.activation!r}")
 
 
 def _check_fractions(cfg: Any, *names: str) -> None:
@@ -60,10 +62,11 @@ class TransformerConfig:
     dropout: float = 0.1  # residual + embeddings (paper section 5.4)
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
-    activation: str = "relu"  # relu (paper) | gelu
+    activation: str = "relu"  # relu (paper) | gelu | swish (SiLU, Marian's)
     norm_first: bool = False  # False = post-LN as in the paper; True = pre-LN
     share_embeddings: bool = True  # one table for source, target and output (section 3.4); joint vocab
     tie_output: bool = True  # output projection = target embedding matrix
+    output_bias: bool = False  # a learned bias on the vocabulary logits (`out_bias`; Marian's final_logits_bias)
     max_positions: int = 1024
     # Structural switches; the defaults are the paper's model, the other values those of Kyubyong Park's TensorFlow
     # Transformer (docs/kyubyong.md, the `kyubyong` preset).

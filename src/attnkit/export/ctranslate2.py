@@ -7,12 +7,14 @@ one as `attnkit.decode.Translator` does. docs/ctranslate2.md tells what is expor
 
 How the weights map onto CTranslate2's `TransformerSpec`: the packed [q; k; v] input projection of a
 self-attention is CTranslate2's fused first linear map as it is; a cross-attention's q rows are its first map, its
-[k; v] rows the second; post-LN is `pre_norm=False` (pre-LN, with its final LayerNorms, `pre_norm=True`); ReLU, or
-GELU (erf, as `F.gelu`); the sinusoid table is the model's own, set explicitly (CTranslate2's would put the sines
-and cosines in halves, not interleaved, from position 1); the embedding scale sqrt(d_model) and the LayerNorm
-epsilon are written out (CTranslate2's default epsilon is not torch's); shared and tied tables are one tensor,
-which CTranslate2 stores once; the output projection has no bias. Everything attnkit's Transformer can be
-configured to be maps; a model that is not attnkit's Transformer, or has variant layers, is refused in one line.
+[k; v] rows the second; post-LN is `pre_norm=False` (pre-LN, with its final LayerNorms, `pre_norm=True`); ReLU, GELU
+(erf, as `F.gelu`) or swish (SiLU, CTranslate2's SWISH); the sinusoid table is the model's own, set explicitly
+(CTranslate2's would put the sines and cosines in halves, not interleaved, from position 1); the embedding scale
+sqrt(d_model) and the LayerNorm epsilon are written out (CTranslate2's default epsilon is not torch's); shared and
+tied tables are one tensor, which CTranslate2 stores once; the output bias (`model.output_bias`, Marian's
+final_logits_bias) is the projection's bias, where CTranslate2's own Marian converter puts it. Everything attnkit's
+Transformer can be configured to be maps; a model that is not attnkit's Transformer, or has variant layers, is
+refused in one line.
 
 `ctranslate2` is imported inside the functions that use it: attnkit works without it.
 """
@@ -41,7 +43,7 @@ from attnkit.models import Transformer
 from attnkit.nn import FeedForward, MultiHeadAttention, SinusoidalPositions
 
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")  # weights; default: float32 as trained
-_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU"}  # attnkit's gelu is F.gelu (erf), CTranslate2's GELU
+_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # gelu: F.gelu (erf) is CTranslate2's GELU
 _MAPPED_VARIANTS = {"ConcatHeadsAttention"}  # attention without W^O (`model.output_projection: false`)
 _NOT_EXPORTABLE = {
     "transformer-xl": "a Transformer-XL language model: its relative attention over a memory of earlier segments "
@@ -151,7 +153,9 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     if c.norm_first:  # pre-LN stacks end with a LayerNorm
         _set_norm(enc.layer_norm, model.encoder_norm)
         _set_norm(dec.layer_norm, model.decoder_norm)
-    dec.projection.weight = tgt_table if model.out_proj is None else _array(model.out_proj.weight)  # no bias
+    dec.projection.weight = tgt_table if model.out_proj is None else _array(model.out_proj.weight)
+    if model.out_bias is not None:  # as CTranslate2's Marian converter stores final_logits_bias
+        dec.projection.bias = _array(model.out_bias)
     spec.register_source_vocabulary(list(src_vocab))
     spec.register_target_vocabulary(list(tgt_vocab))
     return spec

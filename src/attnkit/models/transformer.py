@@ -9,6 +9,8 @@ The config's structural switches (all off by default: the paper's model) give Ky
 Transformer (docs/kyubyong.md): `output_projection: false` builds every attention as `ConcatHeadsAttention`
 (no W^O), `sublayer_dropout: false` keeps `dropout` on the embeddings only, `layer_norm_eps` sets every
 LayerNorm's epsilon, and `zero_pad_positions: true` adds no positional encoding at padding positions.
+What a Marian (opus-mt) model needs besides: `activation: swish` (SiLU in the FFN) and `output_bias: true`
+(a bias on the vocabulary logits, Marian's final_logits_bias).
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.out_proj = None if c.tie_output else Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        # Marian's final_logits_bias: one bias on the logits whether the output is tied or not, so it is a
+        # Parameter of its own (`out_bias` in the state dict), not the untied projection's bias
+        self.out_bias = nn.Parameter(torch.zeros(c.tgt_vocab_size)) if c.output_bias else None
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> Transformer:
@@ -132,8 +137,10 @@ class Transformer(nn.Module):
         return self.dropout(self.positions(x, offset))
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (B, T, D) -> vocabulary logits (B, T, V); tied to the target embedding."""
-        return linear(h, self.tgt_embed.weight) if self.out_proj is None else self.out_proj(h)
+        """Hidden states (B, T, D) -> vocabulary logits (B, T, V): tied to the target embedding or not, plus
+        `out_bias` where the config has one. The one output product of training, `decode` and `step`."""
+        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight  # (V, D)
+        return linear(h, weight, self.out_bias)  # (B, T, D) @ (D, V) + (V,)
 
     # --- the seq2seq interface -------------------------------------------------------------
     def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Encoded:

@@ -17,7 +17,7 @@ from attnkit.nn.linear import Linear, linear
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = W2 act(W1 x + b1) + b2 (section 3.3)."""
+    """FFN(x) = W2 act(W1 x + b1) + b2 (section 3.3); act is relu, gelu or swish (SiLU, Marian's)."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()

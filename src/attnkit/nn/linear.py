@@ -209,8 +209,12 @@ def _packable(x: torch.Tensor, weight: torch.Tensor, cache: PackedWeights | None
     )
 
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+# swish is SiLU, x * sigmoid(x) (Marian's and Hugging Face's name for it; oneDNN's `swish` with its alpha of 1)
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+# oneDNN's post-op algorithm per activation: GELU's erf form ("none", not "tanh"), none for the others
+_POINTWISE_ALGORITHM = {"relu": "", "gelu": "none", "swish": ""}
 _linear_pointwise = torch.ops.mkldnn._linear_pointwise.default if _PACKABLE else None  # resolved once
+# PyTorch's dynamic int8 kernels fuse ReLU only; GELU and swish are applied to their float32 output
 _linear_int8 = {None: torch.ops.quantized.linear_dynamic.default,  # (x, packed, reduce_range) -> float32
                 "relu": torch.ops.quantized.linear_relu_dynamic.default}
 
@@ -224,7 +228,7 @@ def linear(
 ) -> torch.Tensor:
     """act(F.linear(x, weight[a:b], bias[a:b])) for rows=(a, b) (all rows for None): (..., K) -> (..., N).
 
-    `activation` ("relu", "gelu" or None) is fused into the product on the prepacked path.
+    `activation` ("relu", "gelu", "swish" or None) is fused into the product on the prepacked path.
     """
     if rows is not None and bias is not None:
         bias = bias[rows[0] : rows[1]]
@@ -239,7 +243,7 @@ def linear(
     packed = cache.get(weight, rows)
     if activation is None:
         return _linear_pointwise(x, packed, bias, "none", [], "")
-    return _linear_pointwise(x, packed, bias, activation, [], "none" if activation == "gelu" else "")
+    return _linear_pointwise(x, packed, bias, activation, [], _POINTWISE_ALGORITHM[activation])
 
 
 class Linear(nn.Linear):
