@@ -62,14 +62,14 @@ def main() -> None:
     val_bleu = {}
     for name, paths in candidates.items():
         hyps, _ = decode(Translator.from_checkpoints(paths, device="cpu"), val_src, greedy)
-        val_bleu[name] = score_corpus([h.text for h in hyps], val_ref).bleu
+        val_bleu[name] = score_corpus([h.text for h in hyps], val_ref, lang="en").bleu
         print(f"val greedy BLEU of {name}: {val_bleu[name]:.2f}", flush=True)
     chosen = max(val_bleu, key=val_bleu.get)
     translator = Translator.from_checkpoints(candidates[chosen], device="cpu")
     alpha_bleu = {}
     for alpha in ALPHAS:
         hyps, _ = decode(translator, val_src, DecodeOptions(beam=5, len_penalty=alpha))
-        alpha_bleu[alpha] = score_corpus([h.text for h in hyps], val_ref).bleu
+        alpha_bleu[alpha] = score_corpus([h.text for h in hyps], val_ref, lang="en").bleu
         print(f"val beam-5 BLEU at alpha {alpha}: {alpha_bleu[alpha]:.2f}", flush=True)
     alpha = max(alpha_bleu, key=alpha_bleu.get)
 
@@ -82,9 +82,9 @@ def main() -> None:
                        for gh, bh in zip(g, b))
         row = {}
         for label, hyps, secs in (("greedy", g, g_s), (f"beam 5, alpha {alpha}", b, b_s)):
-            s = score_corpus([h.text for h in hyps], ref)
+            s = score_corpus([h.text for h in hyps], ref, lang="en")
             row[label] = {"bleu": s.bleu, "bleu_lc": s.bleu_lc, "chrf": s.chrf, "seconds": secs,
-                          "signature": s.signature}
+                          "signature": s.signature, "signature_chrf": s.signature_chrf}
         row["beam_score_at_least_greedy"] = at_least / len(src)
         results["sets"][name] = row
         print(name, json.dumps(row, indent=1), flush=True)
