@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.bench import catalog, huggingface, workloads
+from attnkit.bench import catalog, huggingface, opus, workloads
 from attnkit.bench import measure as speed
 from attnkit.bench import runner as bench
 from attnkit.bench.attnkit_adapter import ATTNKIT
@@ -214,7 +214,8 @@ def test_peers_script_is_a_bench_shortcut():
 
 # --- end to end ----------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_quick_bench_prints_every_row(tmp_path, capsys):
+def test_quick_bench_prints_every_row(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_BENCH_CACHE", str(tmp_path / "cache"))  # the opus-mt-shape model is built there
     out = tmp_path / "bench.jsonl"
     assert main(["bench", "--quick", "--threads", "1", "--json", out]) == 0
     text, err = capsys.readouterr()
@@ -228,7 +229,10 @@ def test_quick_bench_prints_every_row(tmp_path, capsys):
     for r in rows[1:]:
         label = bench.workload_label(r["workload"], workloads.QUICK)
         assert f"| {label} | {LABEL[r['toolkit']]} |" in text  # every (workload, toolkit) has its row
-        if r["toolkit"] == "attnkit" or (r["toolkit"] == "attnkit-int8" and not int8_unavailable()):
+        own = r["toolkit"] == "attnkit" or (r["toolkit"] == "attnkit-int8" and not int8_unavailable())
+        if own and r["workload"] in catalog.OPUS_WORKLOADS and opus.unavailable("attnkit"):
+            assert opus.unavailable("attnkit") in r["skipped"]  # no Marian importer or no transformers here
+        elif own:
             assert r["tok_s"] > 0 and r["torch"] == torch.__version__ and r["threads"] == 1, r
         else:
             assert "tok_s" in r or "skipped" in r or "error" in r

@@ -10,13 +10,16 @@ import importlib.util
 from dataclasses import dataclass
 
 # (family, what the row measures) per workload; peak RSS (MT (d)) is a column of every row. The mt-base-*
-# workloads are MT (b) and (c) at the shape of Transformer-base (see workloads.MT_BASE).
+# workloads are MT (b) and (c) at the shape of Transformer-base (see workloads.MT_BASE); the mt-opus-* ones the
+# same at the shape of the opus-mt models, on one random MarianMTModel directory every toolkit reads (bench.opus).
 WORKLOADS: dict[str, tuple[str, str]] = {
     "mt-train": ("mt", "(a) training, target tokens/s"),
     "mt-greedy": ("mt", "(b) greedy decoding, generated tokens/s"),
     "mt-beam5": ("mt", "(c) beam 5 decoding, generated tokens/s"),
     "mt-base-greedy": ("mt-base", "(b) greedy decoding at the Transformer-base shape, generated tokens/s"),
     "mt-base-beam5": ("mt-base", "(c) beam 5 decoding at the Transformer-base shape, generated tokens/s"),
+    "mt-opus-greedy": ("mt-opus", "(b) greedy decoding of an opus-mt-shape Marian model, generated tokens/s"),
+    "mt-opus-beam5": ("mt-opus", "(c) beam 5 decoding of an opus-mt-shape Marian model, generated tokens/s"),
     "lm-train-xl": ("lm", "(a) training, XL, memory carried"),
     "lm-train-vanilla": ("lm", "(a) training, vanilla"),
     "lm-eval-xl": ("lm", "(b-XL) evaluation, segments + memory"),
@@ -24,8 +27,9 @@ WORKLOADS: dict[str, tuple[str, str]] = {
 }
 TRAIN_WORKLOADS = tuple(w for w in WORKLOADS if "-train" in w)
 MT_DECODING = tuple(w for w in WORKLOADS if w.startswith("mt-") and w != "mt-train")
+OPUS_WORKLOADS = tuple(w for w in WORKLOADS if WORKLOADS[w][0] == "mt-opus")
 GROUPS = {"all": list(WORKLOADS), "mt": [w for w in WORKLOADS if WORKLOADS[w][0].startswith("mt")],
-          "lm": [w for w in WORKLOADS if WORKLOADS[w][0] == "lm"]}
+          "lm": [w for w in WORKLOADS if WORKLOADS[w][0] == "lm"], "opus": list(OPUS_WORKLOADS)}
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,8 @@ OWN: dict[str, Peer] = {
 }
 PEERS: dict[str, Peer] = {
     "huggingface": Peer("huggingface", "transformers", "transformers", "HF transformers"),
-    "xtransformers": Peer("xtransformers", "x_transformers", "x-transformers", "x-transformers"),
+    "xtransformers": Peer("xtransformers", "x_transformers", "x-transformers", "x-transformers",
+                          workloads=tuple(w for w in WORKLOADS if w not in OPUS_WORKLOADS)),  # reads no Marian model
     "ctranslate2": Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2", "float32", MT_DECODING),
     "ctranslate2-int8": Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2 int8", "int8", MT_DECODING),
 }

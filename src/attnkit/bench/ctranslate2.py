@@ -11,6 +11,11 @@ and exactly N new tokens come from `min_decoding_length = max_decoding_length = 
 Token strings: CTranslate2 takes strings, so id i is the string of i's vocabulary entry (`<pad>`, `<s>`,
 `</s>`, `<unk>`, then `t4`, `t5`, ...); building the string batch is timed with the search, as a user's
 call would be.
+
+On the mt-opus-* workloads the model is CTranslate2's own conversion of the opus-mt-shape MarianMTModel
+directory (bench.opus: `TransformersConverter`, quantization float32 or int8, as `ct2-transformers-converter`
+makes it), loaded with the same compute type; its tokens are vocab.json's pieces (the converter drops <pad>:
+CTranslate2 starts a Marian decoder from a zero vector and never produces it).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit.bench import opus
 from attnkit.bench.attnkit_adapter import attnkit_mt_build
-from attnkit.bench.catalog import version
-from attnkit.bench.workloads import MTAdapter, MTShape, Toolkit
+from attnkit.bench.catalog import OPUS_WORKLOADS, version
+from attnkit.bench.workloads import MTAdapter, MTShape, Toolkit, decoding_only
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3 as WORKLOADS.md has them
 
@@ -66,6 +72,20 @@ def ct2_build(compute_type: str):
     return build
 
 
+def ct2_marian_build(compute_type: str):
+    def build(s: MTShape) -> Engine:
+        import ctranslate2
+
+        folder = opus.ensure(s, [f"ct2-{compute_type}"])[f"ct2-{compute_type}"]
+        hf = opus.part_path(s, "hf")
+        vocab = opus.marian_vocab(hf)  # Marian id -> piece
+        translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type,
+                                            intra_threads=torch.get_num_threads(), inter_threads=1)
+        return Engine(translator, vocab, {t: i for i, t in enumerate(vocab)}, opus.directory_params(hf))
+
+    return build
+
+
 def ct2_generate(engine: Engine, src: torch.Tensor, beam: int, n_new: int) -> torch.Tensor:
     """Exactly n_new tokens per source: (B, S) ids -> (B, n_new) ids."""
     batch = [[engine.vocab[i] for i in row] for row in src.tolist()]
@@ -74,16 +94,20 @@ def ct2_generate(engine: Engine, src: torch.Tensor, beam: int, n_new: int) -> to
     return torch.tensor([[engine.index[t] for t in r.hypotheses[0]] for r in results])
 
 
-def no_logits(engine: Engine, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-    raise RuntimeError("CTranslate2 is an inference engine: it does not train")
-
-
 NOTES = {"float32": "attnkit's Transformer exported to CTranslate2 (post-LN, ReLU, sinusoidal positions, tied)",
          "int8": "the same export, loaded with compute_type int8 (weights and activations quantised per row)"}
+MARIAN_NOTES = {
+    "float32": "the MarianMTModel directory converted by CTranslate2's TransformersConverter (float32), decoding "
+               "from a zero vector, <pad> not in its vocabulary; min_decoding_length = max_decoding_length = T",
+    "int8": "the directory converted by TransformersConverter with quantization int8, loaded with compute_type "
+            "int8; min_decoding_length = max_decoding_length = T"}
 
 
 def toolkit(variant: str = "float32") -> Toolkit:
     compute_type = variant or "float32"
-    adapter = MTAdapter(ct2_build(compute_type), no_logits, ct2_generate, NOTES[compute_type])
+    adapter = MTAdapter(ct2_build(compute_type), decoding_only, ct2_generate, NOTES[compute_type])
+    marian = MTAdapter(ct2_marian_build(compute_type), decoding_only, ct2_generate, MARIAN_NOTES[compute_type])
+    why = opus.unavailable(f"ct2-{compute_type}")
     return Toolkit("ctranslate2" if compute_type == "float32" else "ctranslate2-int8", version("ctranslate2"),
-                   adapter, missing={"mt-train": "an inference engine: no training"})
+                   adapter, missing={"mt-train": "an inference engine: no training",
+                                     **{w: why for w in OPUS_WORKLOADS if why}}, marian=marian)

@@ -1,7 +1,8 @@
 """The standard workloads through Hugging Face transformers (`pip install transformers`, not an attnkit dependency).
 
 MT = BartForConditionalGeneration at the workload's shape; LM vanilla = GPT2LMHeadModel (learned absolute
-positions, context 512). transformers 5 has no Transformer-XL (TransfoXL was deprecated in 4.35 and
+positions, context 512); the mt-opus-* workloads: MarianMTModel.from_pretrained of the opus-mt-shape directory
+(bench.opus) and its `generate`. transformers 5 has no Transformer-XL (TransfoXL was deprecated in 4.35 and
 removed), so its XL rows are skipped. It keeps its own defaults where WORKLOADS.md is silent; `notes` says which.
 
 B batch, S source length, T target / segment length, V vocabulary, D model dim.
@@ -12,8 +13,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnkit.bench.catalog import version
-from attnkit.bench.workloads import BOS, EOS, PAD, LMAdapter, LMShape, Mems, MTAdapter, MTShape, Toolkit
+from attnkit.bench import opus
+from attnkit.bench.catalog import OPUS_WORKLOADS, version
+from attnkit.bench.workloads import (
+    BOS,
+    EOS,
+    PAD,
+    LMAdapter,
+    LMShape,
+    Mems,
+    MTAdapter,
+    MTShape,
+    Toolkit,
+    decoding_only,
+)
 
 HF_NO_XL = "transformers 5 has no Transformer-XL (TransfoXL was deprecated in 4.35 and removed in 5.x)"
 
@@ -40,6 +53,20 @@ def hf_mt_generate(model: nn.Module, src: torch.Tensor, beam: int, n_new: int) -
     return out[:, 1:]  # without the decoder start token
 
 
+def hf_marian_build(s: MTShape) -> nn.Module:
+    from transformers import MarianMTModel
+
+    return MarianMTModel.from_pretrained(opus.ensure(s, ["hf"])["hf"], dtype=torch.float32)
+
+
+def hf_marian_generate(model: nn.Module, src: torch.Tensor, beam: int, n_new: int) -> torch.Tensor:
+    """Marian ids in and out. The directory's generation config bans <pad> (bad_words_ids), as opus-mt's does;
+    its forced_eos_token_id (EOS forced at max_length) is switched off, since here EOS is blocked for every toolkit."""
+    out = model.generate(input_ids=src, max_new_tokens=n_new, min_new_tokens=n_new, num_beams=beam, do_sample=False,
+                         length_penalty=1.0, early_stopping=False, forced_eos_token_id=None)  # (B, 1 + n_new)
+    return out[:, 1:]  # without the decoder start (<pad>)
+
+
 def hf_lm_build(s: LMShape) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -59,6 +86,14 @@ HF_VANILLA = LMAdapter(hf_lm_build, hf_lm_forward,
                        "GPT2LMHeadModel: pre-LN, GELU, learned absolute positions, tied")
 
 
+HF_MARIAN = MTAdapter(hf_marian_build, decoding_only, hf_marian_generate,
+                      "MarianMTModel.from_pretrained of the directory: generate(num_beams, min_new_tokens = "
+                      "max_new_tokens = T, length_penalty 1.0, early_stopping False), <pad> banned by the directory's "
+                      "bad_words_ids, forced_eos_token_id None (opus-mt forces EOS at max_length)")
+
+
 def toolkit(variant: str = "") -> Toolkit:
+    why = opus.unavailable("hf")
     return Toolkit("huggingface", version("huggingface"), HF_MT, {"vanilla": HF_VANILLA},
-                   {"lm-train-xl": HF_NO_XL, "lm-eval-xl": HF_NO_XL})
+                   {"lm-train-xl": HF_NO_XL, "lm-eval-xl": HF_NO_XL, **{w: why for w in OPUS_WORKLOADS if why}},
+                   marian=HF_MARIAN)

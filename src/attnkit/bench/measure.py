@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from attnkit.bench.catalog import TOOLKITS, TRAIN_WORKLOADS, WORKLOADS
+from attnkit.bench.catalog import OPUS_WORKLOADS, TOOLKITS, TRAIN_WORKLOADS, WORKLOADS
 from attnkit.bench.workloads import (
     QUICK,
     STANDARD,
@@ -53,6 +53,7 @@ from attnkit.bench.workloads import (
     lm_train_data,
     mt_batch,
     mt_shape,
+    opus_sources,
 )
 
 
@@ -190,20 +191,28 @@ def train_throughput(case: TrainCase, warmup: int, dtype: str) -> dict:
 
 
 # --- decoding and evaluation -----------------------------------------------------------------------
-def mt_decode(adapter: MTAdapter, s: MTShape, beam: int) -> dict:
-    """Greedy (beam 1) or beam search: exactly T new tokens per source; one warm-up run, median of the rest."""
+def mt_sources(n: int, s: MTShape) -> torch.Tensor:
+    return mt_batch(n, s)[0]  # (n, S)
+
+
+def mt_decode(adapter: MTAdapter, s: MTShape, beam: int, sources: Callable[[int, MTShape], torch.Tensor] = mt_sources,
+              keep_outputs: bool = False) -> dict:
+    """Greedy (beam 1) or beam search: exactly T new tokens per source; one warm-up run, median of the rest.
+    keep_outputs: the last run's output ids go into the result (`output_ids`, (n, T) as lists)."""
     model, rss_build = adapter.build(s).eval(), peak_rss_mb()
     n = s.greedy_batch if beam == 1 else s.beam_batch
-    src, _, _ = mt_batch(n, s)  # (n, S)
+    src, last = sources(n, s), []  # (n, S)
 
     def run() -> None:
         with torch.no_grad():
             out = adapter.generate(model, src, beam, s.tgt_len)  # (n, T)
         if tuple(out.shape) != (n, s.tgt_len):
             raise RuntimeError(f"generated {tuple(out.shape)}, not {(n, s.tgt_len)}")
+        last[:] = [out]
 
     sec = timed(run, 1, s.decode_runs)
-    return {"tok_s": n * s.tgt_len / sec, "run_s": sec, "rss_after_build_mb": rss_build, "params": n_params(model)}
+    figures = {"tok_s": n * s.tgt_len / sec, "run_s": sec, "rss_after_build_mb": rss_build, "params": n_params(model)}
+    return figures | ({"output_ids": last[0].tolist()} if keep_outputs else {})
 
 
 def summed_nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
@@ -259,6 +268,11 @@ def run_workload(tk: Toolkit, workload: str, shapes: Shapes, dtype: str) -> dict
     """The workload's figures; raises where the toolkit cannot run it."""
     if workload in tk.missing:
         raise RuntimeError(tk.missing[workload])
+    if workload in OPUS_WORKLOADS:  # every toolkit reads one Marian model; the outputs are compared (runner)
+        if tk.marian is None:
+            raise RuntimeError(f"{tk.name} has no adapter for Marian models")
+        s = mt_shape(workload, shapes)
+        return mt_decode(tk.marian, s, 1 if workload.endswith("-greedy") else s.beam, opus_sources, keep_outputs=True)
     if workload.startswith("mt-"):
         if tk.mt is None:
             raise RuntimeError(f"{tk.name} has no encoder-decoder adapter")
@@ -298,6 +312,8 @@ def measure(toolkit_name: str, workload: str, shapes: Shapes, dtype: str, thread
 
 
 def notes_of(tk: Toolkit, workload: str) -> str:
+    if workload in OPUS_WORKLOADS:
+        return tk.marian.notes if tk.marian else ""
     if workload.startswith("mt-"):
         return tk.mt.notes if tk.mt else ""
     adapter = tk.lm.get(workload.rsplit("-", 1)[1])

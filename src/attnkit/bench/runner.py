@@ -7,10 +7,16 @@ workload family. Ratios compare toolkits within the same run, because the machin
 
 The quick mode runs tiny shapes (not the standard workloads) and, to stay fast, one process per
 toolkit instead of one per measurement; it exists to smoke-test the whole path in tests and CI.
+
+The mt-opus-* workloads decode one random Marian model that every toolkit reads in its own way (bench.opus
+builds it once, before the measurements, in a process of its own); their rows carry the output ids, and each
+row says in how many sentences its output equals Hugging Face transformers' token for token: attnkit float32's
+greedy output must equal it (the check line under the table).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -20,8 +26,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TextIO
 
-from attnkit.bench import measure
-from attnkit.bench.catalog import GROUPS, OWN, TOOLKIT_LABELS, TOOLKITS, TRAIN_WORKLOADS, WORKLOADS, installed
+from attnkit.bench import measure, opus
+from attnkit.bench.catalog import (
+    GROUPS,
+    OPUS_WORKLOADS,
+    OWN,
+    TOOLKIT_LABELS,
+    TOOLKITS,
+    TRAIN_WORKLOADS,
+    WORKLOADS,
+    installed,
+)
 from attnkit.bench.workloads import QUICK, STANDARD, Shapes, mt_shape
 
 PRECISION = {"bfloat16": "training in bfloat16 (autocast), decoding and evaluation in float32"}
@@ -46,9 +61,7 @@ def expand_workloads(names: Iterable[str]) -> list[str]:
 
 
 def skip_reason(toolkit: str, workload: str) -> str:
-    if toolkit == "attnkit":
-        return ""
-    if not installed(toolkit):
+    if toolkit != "attnkit" and not installed(toolkit):
         return f"skipped: {TOOLKITS[toolkit].pip} is not installed (pip install {TOOLKITS[toolkit].pip})"
     reason = measure.toolkit(toolkit).missing.get(workload, "")
     return f"not measured: {reason}" if reason else ""
@@ -102,6 +115,23 @@ def progress_line(i: int, n: int, row: dict, seconds: float) -> str:
     return what + (row.get("skipped") or row.get("error", "no result"))
 
 
+def prepare_opus(cells: list[Cell], shapes: Shapes, log: TextIO) -> None:
+    """Build what the planned mt-opus-* measurements read (bench.opus) before they run, so that no measuring
+    process spends its time building; a failure is logged, and each of those measurements reports it."""
+    parts = list(dict.fromkeys(opus.TOOLKIT_PART[c.toolkit] for c in cells
+                               if c.workload in OPUS_WORKLOADS and not c.skip))
+    if not parts:
+        return
+    start = time.perf_counter()
+    try:
+        opus.ensure(shapes.mt_opus, parts)
+        done = f"in {opus.model_root(shapes.mt_opus)}"
+    except RuntimeError as e:
+        done = str(e)
+    print(f"bench: the opus-mt-shape model ({', '.join(parts)}) {done} ({time.perf_counter() - start:.1f} s)",
+          file=log, flush=True)
+
+
 def median_row(rows: list[dict]) -> dict:
     """The round with the median tok/s (the lower middle one for an even count), with every round's figure
     in `rounds`; an error row only when no round measured."""
@@ -120,6 +150,7 @@ def run_bench(workloads: list[str], peers: list[str], *, dtype: str = "float32",
     measurement goes to `log` (default: stderr)."""
     log = log or sys.stderr
     cells, measured = plan(workloads, peers), {}
+    prepare_opus(cells, QUICK if quick else STANDARD, log)
     jobs = jobs_for(cells, quick, rounds)
     total, done = sum(len(names) for _, names in jobs), 0
     for toolkit, names in jobs:
@@ -134,8 +165,41 @@ def run_bench(workloads: list[str], peers: list[str], *, dtype: str = "float32",
 
 
 # --- derived figures -------------------------------------------------------------------------------
+def agreement(ids: list[list[int]], reference: list[list[int]]) -> dict:
+    """How many sentences of `ids` equal the reference's token for token, and where the first difference is."""
+    same = sum(a == b for a, b in zip(ids, reference))
+    out = {"sentences_equal": same, "sentences": len(reference), "identical": ids == reference}
+    for i, (a, b) in enumerate(zip(ids, reference)):
+        if a != b:
+            j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            first = {"sentence": i, "token": j, "ids": a[j : j + 1], "reference": b[j : j + 1]}
+            return out | {"first_difference": first}
+    return out
+
+
+def compare_outputs(rows: list[dict]) -> None:
+    """Each measured mt-opus-* row gets `same_as_hf`: its output ids against Hugging Face transformers' on the same
+    workload (every toolkit decodes the same Marian model from the same ids); the ids are then replaced by a
+    sha256 of them."""
+    hf = {r["workload"]: r["output_ids"] for r in rows if r["toolkit"] == "huggingface" and "output_ids" in r}
+    for r in rows:
+        if "output_ids" not in r:
+            continue
+        if r["workload"] in hf and r["toolkit"] != "huggingface":
+            r["same_as_hf"] = agreement(r["output_ids"], hf[r["workload"]])
+        r["output_sha256"] = hashlib.sha256(json.dumps(r.pop("output_ids")).encode()).hexdigest()
+
+
+def greedy_check(rows: list[dict]) -> dict | None:
+    """attnkit float32's greedy output on the opus-mt-shape model against transformers' (None: not both measured)."""
+    row = next((r for r in rows if r["toolkit"] == "attnkit" and r["workload"] == "mt-opus-greedy"), None)
+    return row.get("same_as_hf") if row else None
+
+
 def annotate(rows: list[dict]) -> list[dict]:
-    """Add vs_fastest (per workload), pct_matmul_peak (training rows) and xl_speedup (lm-eval-xl rows)."""
+    """Add vs_fastest (per workload), pct_matmul_peak (training rows), xl_speedup (lm-eval-xl rows) and, on the
+    opus-mt-shape workloads, each output's agreement with transformers' (compare_outputs)."""
+    compare_outputs(rows)
     peak = next((r.get("gflop_s") for r in rows if r["workload"] == "matmul-peak"), None)
     best: dict[str, float] = {}
     for r in rows:
@@ -171,6 +235,8 @@ def workload_label(workload: str, shapes: Shapes) -> str:
         "mt-beam5": f"beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
         "mt-base-greedy": f"base greedy ({mt.greedy_batch} src, {mt.tgt_len} new)",
         "mt-base-beam5": f"base beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
+        "mt-opus-greedy": f"opus-mt greedy ({mt.greedy_batch} src, {mt.tgt_len} new)",
+        "mt-opus-beam5": f"opus-mt beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
         "lm-train-xl": f"train XL (B {lm.batch} × {lm.segment}, memory {lm.memory})",
         "lm-train-vanilla": f"train vanilla (B {lm.batch} × {lm.segment})",
         "lm-eval-xl": f"eval XL (segment {lm.segment} + memory {lm.memory})",
@@ -186,9 +252,12 @@ def rss_cell(r: dict) -> str:
 
 
 def status(r: dict) -> str:
+    same = r.get("same_as_hf")
+    same = f"output = HF's in {same['sentences_equal']}/{same['sentences']} sentences" if same else ""
     if "rounds" in r:
-        return f"median of {len(r['rounds'])} rounds: " + " / ".join(fmt(x) for x in r["rounds"])
-    return (r.get("skipped") or r.get("error", "")).replace("|", "/")[:160]
+        rounds = f"median of {len(r['rounds'])} rounds: " + " / ".join(fmt(x) for x in r["rounds"])
+        return "; ".join(x for x in (rounds, same) if x)
+    return same or (r.get("skipped") or r.get("error", "")).replace("|", "/")[:160]
 
 
 def row_cells(r: dict, shapes: Shapes, lm: bool) -> list[str]:
@@ -215,6 +284,11 @@ def family_table(rows: list[dict], family: str, shapes: Shapes) -> str:
 
 
 def family_title(family: str, shapes: Shapes) -> str:
+    if family == "mt-opus":
+        s = shapes.mt_opus
+        return (f"### MT at the opus-mt shape: one random MarianMTModel (d {s.d_model}, {s.heads} heads, FFN {s.ffn}, "
+                f"{s.layers}+{s.layers} layers, swish, output bias, one table of {s.vocab:,} tokens), read by every "
+                f"toolkit")
     if family.startswith("mt"):
         s, name = (shapes.mt_base, "MT at the Transformer-base shape") if family == "mt-base" else (shapes.mt, "MT")
         return (f"### {name}: encoder-decoder Transformer (d {s.d_model}, {s.heads} heads, FFN {s.ffn}, "
@@ -270,13 +344,44 @@ FOOTNOTES = [
 ]
 
 
+# The speed goals of the opus-mt-shape workloads: (numerator, denominator, goal) per ratio.
+OPUS_GOALS = (("attnkit-int8", "ctranslate2-int8", 1.2), ("attnkit", "huggingface", 1.5))
+
+
+def opus_lines(rows: list[dict], shapes: Shapes) -> list[str]:
+    """Under the opus-mt table: the data rule, the goals' ratios measured in this run, and the greedy check."""
+    s = shapes.mt_opus
+    tok = {(r["toolkit"], r["workload"]): r["tok_s"] for r in rows if "tok_s" in r}
+    lines = [f"- sources: {s.src_len - 1} random source pieces of vocab.json and </s> per sentence, the same for "
+             f"every toolkit (attnkit maps them to its own ids by piece, CTranslate2 reads the pieces); exactly "
+             f"{s.tgt_len} new tokens each (EOS blocked until then), as in MT (b) and (c)"]
+    for workload in OPUS_WORKLOADS:
+        ratios = [f"{TOOLKIT_LABELS[a]} ÷ {TOOLKIT_LABELS[b]} {tok[a, workload] / tok[b, workload]:.2f}× "
+                  f"(goal ≥ {goal}×)" for a, b, goal in OPUS_GOALS if (a, workload) in tok and (b, workload) in tok]
+        if ratios:
+            lines.append(f"- {workload}: " + "; ".join(ratios))
+    check = greedy_check(rows)
+    if check is None:
+        lines.append("- greedy check: not made (attnkit and HF transformers were not both measured on mt-opus-greedy)")
+    elif check["identical"]:
+        lines.append(f"- greedy check: attnkit float32's output equals HF transformers' token for token in all "
+                     f"{check['sentences']} sentences")
+    else:
+        d = check["first_difference"]
+        lines.append(f"- greedy check FAILED: attnkit float32's output equals HF transformers' in "
+                     f"{check['sentences_equal']} of {check['sentences']} sentences; first difference: sentence "
+                     f"{d['sentence']}, token {d['token']} (attnkit {d['ids']}, HF {d['reference']})")
+    return ["", "The opus-mt shape, this run:", *lines]
+
+
 def render(rows: list[dict], *, dtype: str, threads: int, quick: bool) -> str:
     shapes = QUICK if quick else STANDARD
     lines = header(rows, dtype, threads, quick)
-    for family in ("mt", "mt-base", "lm"):
+    for family in ("mt", "mt-base", "mt-opus", "lm"):
         members = [r for r in rows if WORKLOADS.get(r["workload"], ("",))[0] == family]
         if members:
             lines += ["", family_title(family, shapes) + (" — quick smoke shapes" if quick else ""), "",
                       family_table(members, family, shapes), "", "Models (each keeps its defaults where the "
                       "workload is silent):", *model_notes(members)]
+            lines += opus_lines(members, shapes) if family == "mt-opus" else []
     return "\n".join([*lines, "", *FOOTNOTES])

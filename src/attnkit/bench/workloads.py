@@ -1,5 +1,6 @@
 """The standard workloads' shapes and synthetic data (../shared/bench/WORKLOADS.md), and what a toolkit must
-provide to be measured on them: an MT adapter (build, logits, generate) and LM adapters (build, forward).
+provide to be measured on them: an MT adapter (build, logits, generate), LM adapters (build, forward) and, for
+the opus-mt-shape workloads, a Marian adapter (a model read from one Hugging Face MarianMTModel directory).
 
 B batch, S source length, T target / segment length, M memory length, W vanilla window, V vocabulary,
 D model dim, N evaluation tokens.
@@ -64,6 +65,9 @@ class LMShape:
 
 # Transformer-base (Vaswani et al. 2017, table 3) for the mt-base-* decoding workloads; the rest as MT.
 MT_BASE = MTShape(vocab=32000, d_model=512, heads=8, ffn=2048, layers=6)
+# The shape of the Helsinki-NLP opus-mt models (Marian base; opus-mt-zh-en's vocabulary of 65,001) for the
+# mt-opus-* decoding workloads; swish, the output bias and the shared table come with the model (bench.opus).
+MT_OPUS = MTShape(vocab=65001, d_model=512, heads=8, ffn=2048, layers=6)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Shapes:
     mt: MTShape = field(default_factory=MTShape)
     lm: LMShape = field(default_factory=LMShape)
     mt_base: MTShape = MT_BASE
+    mt_opus: MTShape = MT_OPUS
     matmul: tuple[int, ...] = (1024, 2048, 4096)  # n x n x n products; the fastest rate is the machine's peak
     matmul_runs: int = 5  # after one warm-up
     quick: bool = False
@@ -85,11 +90,15 @@ QUICK = Shapes(
             eval_warmup_segments=1, eval_passes=1, window_warmup=1, windows=4, warmup=1, steps=2),
     matmul=(128, 256), matmul_runs=3, quick=True,
     mt_base=MTShape(vocab=96, d_model=48, heads=4, ffn=96, layers=2, src_len=6, tgt_len=6, greedy_batch=4,
+                    beam_batch=2, decode_runs=1),
+    mt_opus=MTShape(vocab=203, d_model=32, heads=2, ffn=64, layers=2, src_len=6, tgt_len=6, greedy_batch=4,
                     beam_batch=2, decode_runs=1))
 
 
 def mt_shape(workload: str, shapes: Shapes) -> MTShape:
-    """The MT shape a workload runs at: Transformer-base for mt-base-*, else the MT workload's."""
+    """The MT shape a workload runs at: Transformer-base for mt-base-*, opus-mt's for mt-opus-*, else MT's."""
+    if workload.startswith("mt-opus-"):
+        return shapes.mt_opus
     return shapes.mt_base if workload.startswith("mt-base-") else shapes.mt
 
 
@@ -101,6 +110,25 @@ def mt_batch(b: int, shape: MTShape = MTShape()) -> tuple[torch.Tensor, torch.Te
     tgt = torch.randint(4, shape.vocab, (b, shape.tgt_len), generator=g)
     tgt_in = torch.cat([torch.full((b, 1), BOS), tgt[:, :-1]], 1)
     return src, tgt_in, tgt
+
+
+# A Marian vocabulary (vocab.json of an opus-mt model): EOS 0, UNK 1, then the pieces, PAD the last id (Marian's
+# decoder starts from it). bench.opus builds the source pieces first, then the target ones.
+MARIAN_EOS, MARIAN_UNK, MARIAN_FIRST_PIECE = 0, 1, 2
+
+
+def marian_source_pieces(vocab: int) -> int:
+    """How many of a V-token Marian vocabulary's pieces are source pieces (ids 2 .. 2 + n - 1): half of them."""
+    return (vocab - 3) // 2
+
+
+def opus_sources(b: int, shape: MTShape = MT_OPUS) -> torch.Tensor:
+    """(B, S) Marian ids, the same for every toolkit: S - 1 random source pieces, then EOS as MarianTokenizer ends
+    a sentence (the generator rule of WORKLOADS.md's MT data, over the source pieces)."""
+    g = torch.Generator().manual_seed(0)
+    first = MARIAN_FIRST_PIECE
+    pieces = torch.randint(first, first + marian_source_pieces(shape.vocab), (b, shape.src_len - 1), generator=g)
+    return torch.cat([pieces, torch.full((b, 1), MARIAN_EOS)], 1)
 
 
 def lm_train_data(shape: LMShape = LMShape()) -> torch.Tensor:
@@ -130,6 +158,11 @@ class MTAdapter:
     notes: str
 
 
+def decoding_only(model: object, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    """The logits of an adapter that only decodes (an inference engine, the Marian workloads)."""
+    raise RuntimeError("this adapter decodes only: it gives no training logits")
+
+
 @dataclass(frozen=True)
 class LMAdapter:
     build: Callable[[LMShape], nn.Module]
@@ -144,3 +177,6 @@ class Toolkit:
     mt: MTAdapter | None = None
     lm: dict[str, LMAdapter] = field(default_factory=dict)  # "xl" and/or "vanilla"
     missing: dict[str, str] = field(default_factory=dict)  # workload -> why this toolkit cannot run it
+    # The mt-opus-* workloads: build reads the cached MarianMTModel directory of the shape (bench.opus), generate
+    # takes and returns Marian ids (vocab.json's), whatever ids the toolkit uses inside.
+    marian: MTAdapter | None = None

@@ -8,8 +8,9 @@
 
 Workloads (../shared/bench/WORKLOADS.md): mt-train, mt-greedy, mt-beam5, lm-train-xl, lm-train-vanilla,
 lm-eval-xl, lm-eval-vanilla, and mt-base-greedy, mt-base-beam5 (MT decoding at the Transformer-base shape:
-d 512, 8 heads, FFN 2048, 6+6 layers, vocab 32k); groups: mt, lm, all. Each measurement runs in a fresh process; the
-logic lives in attnkit.bench: runner (plan, tables), measure (timing), one module per toolkit.
+d 512, 8 heads, FFN 2048, 6+6 layers, vocab 32k), mt-opus-greedy, mt-opus-beam5 (decoding one random opus-mt-shape
+MarianMTModel, read by each toolkit: bench.opus); groups: mt, lm, opus, all. Each measurement runs in a fresh
+process; the logic lives in attnkit.bench: runner (plan, tables), measure (timing), one module per toolkit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ PEER_CHOICES = tuple(PEERS)
 def add_parsers(sub) -> dict[str, Callable]:
     b = sub.add_parser("bench", help="standard speed workloads (MT, LM) for attnkit and installed peers: tables",
                        description="The standard workloads of ../shared/bench/WORKLOADS.md (and the MT decoding "
-                                   "workloads at the Transformer-base shape) for attnkit (float32, and int8 where it "
+                                   "workloads at the Transformer-base shape and, on one random opus-mt-shape Marian "
+                                   "model, mt-opus-*) for attnkit (float32, and int8 where it "
                                    "decodes), Hugging Face transformers, x-transformers and CTranslate2 (float32 and "
                                    "int8; when installed), each measurement in a fresh process; markdown tables on "
                                    "stdout, progress on stderr.")
