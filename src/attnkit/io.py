@@ -77,6 +77,38 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
+@contextlib.contextmanager
+def atomic_folder(out: str | os.PathLike) -> Iterator[Path]:
+    """A temp folder beside `out`, to fill in the block: it becomes `out` when the block succeeds (a folder `out`
+    held is moved aside, then removed) and is removed when it fails, so a kill never leaves a half-written folder
+    under `out`'s name. A failed write raises an AttnkitError naming `out`."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual permissions
+    except OSError as e:
+        raise _write_error(out, e) from None
+    try:
+        yield tmp
+        old = out.with_name(f".{out.name}.old")
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if old.exists():
+                os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise _write_error(out, e) from None
+        raise
+
+
 def ensure_new_output(path: str | os.PathLike, force: bool, what: str = "output") -> Path:
     """Refuse to overwrite an existing file or non-empty folder unless `force` is given."""
     path = Path(path)

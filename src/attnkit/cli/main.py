@@ -3,7 +3,7 @@
 Config overrides are dotted: `attnkit train ... --model.d_model=256 --train.lr 1e-3`.
 User mistakes print one line `attnkit: error: ...` and exit with code 2; attnkit's warnings print one line
 `attnkit: warning: ...` and the command goes on.
-Each verb group lives in its own module (seq2seq, translate, export, lm, plot, experiment, bench, presets) and
+Each verb group lives in its own module (seq2seq, translate, convert, export, lm, plot, experiment, bench, presets) and
 imports torch and the models only when one of its verbs runs, so `--help` stays fast.
 """
 
@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attnkit import __version__
-from attnkit.cli import bench, experiment, export, lm, plot, presets, seq2seq, translate
+from attnkit.cli import bench, convert, experiment, export, lm, plot, presets, seq2seq, translate
 from attnkit.cli.options import Parser, split_overrides
 from attnkit.errors import AttnkitError
 from attnkit.io import trust_pickle
 
-VERB_GROUPS = (seq2seq, translate, export, lm, plot, experiment, bench, presets)
+VERB_GROUPS = (seq2seq, translate, convert, export, lm, plot, experiment, bench, presets)
 DESCRIPTION = """\
 attnkit trains, runs, measures and explains attention models: the encoder-decoder Transformer for
 translation, Transformer-XL and vanilla Transformer language models, and the RNN encoder-decoders

@@ -41,6 +41,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     tr.add_argument("--alignment-layer", type=int, default=0, metavar="N",
                     help="decoder layer for --print-alignment, counted from 1 (default: the last)")
     tr.add_argument("--prefix-file", help="force each output to start with this file's line")
+    add_target_tag_option(tr)
     add_decode_options(tr)
     tr.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     tr.add_argument("--max-tokens", type=int, default=0, help="source tokens per batch (0 = no limit)")
@@ -52,6 +53,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_checkpoint_option(sc, nargs="+", metavar="CKPT", help=ENSEMBLE_HELP)
     sc.add_argument("--src", required=True, help="source file")
     sc.add_argument("--tgt", required=True, help="target file, line-aligned with --src")
+    add_target_tag_option(sc)
     add_device_option(sc)
 
     sv = sub.add_parser("serve", help="an HTTP service: translation (JSON) or a language model (streamed samples), "
@@ -63,6 +65,7 @@ def add_parsers(sub) -> dict[str, Callable]:
                                "alone")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     sv.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    add_target_tag_option(sv)
     add_device_option(sv)
     add_quantize_option(sv)
     sv.add_argument("--max-batch-sentences", type=int, default=64, help="sentences translated together")
@@ -89,6 +92,13 @@ def add_parsers(sub) -> dict[str, Callable]:
     e.add_argument("--tokenize", metavar="TOK", help="sacreBLEU's tokenizer whatever the language: 13a, zh, "
                                                      "ja-mecab, ko-mecab, char, intl or none")
     return {"translate": cmd_translate, "score": cmd_score, "serve": cmd_serve, "evaluate": cmd_evaluate}
+
+
+def add_target_tag_option(p) -> None:
+    p.add_argument("--target-tag", metavar="TAG",
+                   help="a multilingual model's target language, as its vocabulary's tag names it (cmn_Hans for "
+                        ">>cmn_Hans<<; an unknown one is refused, listing those it knows): put before every source "
+                        "that does not start with a tag of its own")
 
 
 ENSEMBLE_HELP = ("a .safetensors checkpoint written by attnkit; several (e.g. a run's last epochs, "
@@ -183,13 +193,16 @@ def load_translator(args):
     """The translator of --engine: attnkit's (PyTorch) for a checkpoint, CTranslate2's for an export folder; both
     answer `translate(sentences, options, ...)` with the same Translations."""
     if args.engine == "ctranslate2":
+        if args.target_tag:
+            raise AttnkitError("--target-tag runs with --engine attnkit, not with a CTranslate2 export")
         from attnkit.export import CT2Translator
 
         return CT2Translator.from_dir(args.checkpoint[0], device=args.device,
                                       compute_type="int8" if args.quantize == "int8" else "default")
     from attnkit.decode import Translator  # here: the CLI imports torch only when a verb runs
 
-    return Translator.from_checkpoints(args.checkpoint, device=args.device, quantize=args.quantize)
+    return Translator.from_checkpoints(args.checkpoint, device=args.device, quantize=args.quantize,
+                                       target_tag=args.target_tag)
 
 
 def tsv_header(args) -> str:
@@ -221,7 +234,8 @@ def cmd_score(args, overrides: list[str]) -> None:
     for path in args.checkpoint:
         check_checkpoint(path)
     src, tgt = read_parallel(args.src, args.tgt)
-    for lp in Translator.from_checkpoints(args.checkpoint, device=args.device).score(src, tgt):
+    translator = Translator.from_checkpoints(args.checkpoint, device=args.device, target_tag=args.target_tag)
+    for lp in translator.score(src, tgt):
         print(f"{lp:.4f}")
 
 
@@ -238,7 +252,7 @@ def cmd_serve(args, overrides: list[str]) -> None:
           max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms, max_queue=args.max_queue,
           request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,
           max_request_sentences=args.max_request_sentences, max_chars=args.max_chars, max_beam=args.max_beam,
-          max_output_tokens=args.max_output_tokens, max_top_k=args.max_top_k)
+          max_output_tokens=args.max_output_tokens, max_top_k=args.max_top_k, target_tag=args.target_tag)
 
 
 def cmd_evaluate(args, overrides: list[str]) -> None:

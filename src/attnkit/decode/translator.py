@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -88,11 +89,15 @@ class Translator:
     (`attnkit.nn.linear`). Build a new one after the weights change (a training loop's evaluation does).
     `quantize="int8"` keeps int8 copies instead (CPU only; where they would not be fast, a warning says why
     and the Translator stays in float32: `self.quantize` is what it runs).
+
+    A multilingual model (a Marian one whose vocabulary holds target-language tags, `>>cmn_Hans<<`) is told the
+    language to translate into by the tag its sources start with: `target_tag="cmn_Hans"` puts it before every
+    source, and a source that starts with a tag the vocabulary holds keeps its own (MarianTokenizer's rule).
     """
 
     def __init__(self, model, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
                  device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10,
-                 quantize: str | None = None):
+                 quantize: str | None = None, target_tag: str | None = None):
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
@@ -100,14 +105,57 @@ class Translator:
         self.max_src_len = model.config.max_positions - 1  # room for the source EOS
         self.quantize = usable_quantization(quantize, self.device)
         self.packed = PackedWeights(int8=self.quantize == "int8")
+        self._tags: dict[str, int] | None = None  # read from the vocabulary when first needed
+        self.target_tag = target_tag
+
+    @property
+    def tags(self) -> dict[str, int]:
+        """The target-language tags the source vocabulary holds: {"cmn_Hans": the id of >>cmn_Hans<<}."""
+        if self._tags is None:
+            self._tags = target_tags(self.src_tok)
+        return self._tags
+
+    @property
+    def target_tag(self) -> str | None:
+        return self._target_tag
+
+    @target_tag.setter
+    def target_tag(self, tag: str | None) -> None:
+        """The tag put before every source that has none; a tag the vocabulary lacks is a one-line ConfigError."""
+        self._tag_id = None if tag is None else self.tag_id(tag)
+        self._target_tag = tag
+
+    def tag_id(self, tag: str) -> int:
+        """The id of a target-language tag, named as `cmn_Hans` or `>>cmn_Hans<<`."""
+        name = tag[2:-2] if _is_tag(tag) else tag
+        if name in self.tags:
+            return self.tags[name]
+        if not self.tags:
+            raise ConfigError(f"target tag {tag!r}: this model's vocabulary holds no target-language tags "
+                              "(>>xx<< pieces): it translates into one language")
+        known = sorted(self.tags)
+        close = difflib.get_close_matches(name, known, n=1)
+        raise ConfigError(f"target tag {tag!r} is not in this model's vocabulary (it knows {len(known)}: "
+                          f"{', '.join(known[:8])}{', ...' if len(known) > 8 else ''})"
+                          f"{f'; did you mean {close[0]!r}?' if close else ''}")
+
+    def _split_tag(self, text: str) -> tuple[str, int | None]:
+        """(the text to tokenize, the id of the tag its source starts with, or None). As MarianTokenizer reads a
+        source, a leading >>tag<< is cut off the text; here only a tag the vocabulary holds."""
+        if text.startswith(">>"):
+            end = text.find("<<")
+            if end != -1 and text[2:end] in self.tags:
+                return text[end + 2:], self.tags[text[2:end]]
+        return text, self._tag_id
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto", quantize: str | None = None) -> Translator:
-        return cls.from_checkpoints([path], device=device, quantize=quantize)
+    def from_checkpoint(cls, path: str | Path, device: str = "auto", quantize: str | None = None, *,
+                        target_tag: str | None = None) -> Translator:
+        return cls.from_checkpoints([path], device=device, quantize=quantize, target_tag=target_tag)
 
     @classmethod
-    def from_checkpoints(cls, paths: list[str | Path], device: str = "auto", quantize: str | None = None
-                         ) -> Translator:
+    def from_checkpoints(cls, paths: list[str | Path], device: str = "auto", quantize: str | None = None, *,
+                         target_tag: str | None = None) -> Translator:
         """One checkpoint, or several decoded as an ensemble (their probabilities averaged, `Ensemble`): they
         must share the tokenizers (one prepared dataset); the output length limits are the first one's."""
         if not paths:
@@ -120,15 +168,19 @@ class Translator:
         tgt_tok = SubwordTokenizer.from_bytes(first.tokenizers["tgt"]) if "tgt" in first.tokenizers else src_tok
         t = first.config.train
         return cls(models[0] if len(models) == 1 else Ensemble(models), src_tok, tgt_tok, device=device,
-                   max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize)
+                   max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize, target_tag=target_tag)
 
     def encode_sources(self, sentences: list[str], number_from: int = 1) -> list[np.ndarray]:
-        """Subword ids; inputs longer than the model's positions are truncated with a warning naming the input,
-        counted from `number_from` (the caller's numbering: a file's line number when it translates line by line).
-        A text that is not Unicode (a lone surrogate) is refused in one line naming the input."""
+        """Subword ids, after the target-language tag where there is one; inputs longer than the model's positions
+        are truncated with a warning naming the input, counted from `number_from` (the caller's numbering: a file's
+        line number when it translates line by line). A text that is not Unicode (a lone surrogate) is refused in one
+        line naming the input."""
         check_unicode(sentences, number_from)
+        texts, tags = zip(*map(self._split_tag, sentences)) if sentences else ((), ())
         ids = []
-        for i, ids_i in enumerate(self.src_tok.encode(sentences), start=number_from):
+        for i, ids_i, tag in zip(range(number_from, number_from + len(texts)), self.src_tok.encode(list(texts)), tags):
+            if tag is not None:
+                ids_i = [tag, *ids_i]
             if len(ids_i) > self.max_src_len:
                 warnings.warn(f"input {i} has {len(ids_i)} tokens; truncated to {self.max_src_len}", stacklevel=3)
                 ids_i = ids_i[: self.max_src_len]
@@ -274,6 +326,17 @@ class Translator:
 
 
 QUANTIZATIONS = ("int8",)
+
+
+def _is_tag(piece: str) -> bool:
+    """A target-language tag as Marian's multilingual vocabularies hold them, >>cmn_Hans<< (MarianTokenizer's
+    supported_language_codes: a piece that starts with >> and ends with <<)."""
+    return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
+
+
+def target_tags(tok: SubwordTokenizer) -> dict[str, int]:
+    """{tag name: id} of the target-language tags among a vocabulary's pieces ({} for most models)."""
+    return {piece[2:-2]: i for i, piece in enumerate(tok.pieces(list(range(tok.vocab_size)))) if _is_tag(piece)}
 
 
 def translation_checkpoint(path: str | Path):

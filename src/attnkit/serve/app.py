@@ -152,15 +152,16 @@ def _checked(req: TranslateRequest, caps: Limits) -> tuple[list[str], DecodeOpti
 
 
 def serve(checkpoint: str | list[str], *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
-          quantize: str | None = None, **app_kw) -> None:
+          quantize: str | None = None, target_tag: str | None = None, **app_kw) -> None:
     """Load `checkpoint` and serve it over HTTP until SIGTERM or Ctrl-C: a translation model (int8 weights with
-    quantize="int8"), or several as one ensemble (`Translator.from_checkpoints`), through `create_app`, a language
-    model through `create_lm_app`; `app_kw` go to them.
+    quantize="int8"; a multilingual one translating into `target_tag` where a source names no tag), or several as
+    one ensemble (`Translator.from_checkpoints`), through `create_app`, a language model through `create_lm_app`;
+    `app_kw` go to them.
 
     On SIGTERM uvicorn stops accepting connections and waits for the requests it has accepted (up to the
     per-request time limit); the process then exits normally (0), not by the signal (143).
     """
-    app = _load_app(checkpoint, device, quantize, app_kw)
+    app = _load_app(checkpoint, device, quantize, app_kw, target_tag)
     grace = app_kw.get("request_timeout_s", 60.0) + 5  # the longest an accepted request can still take
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=grace)
     # uvicorn re-raises the signal that stopped it once it has drained; a handler here makes that a no-op
@@ -171,7 +172,8 @@ def serve(checkpoint: str | list[str], *, host: str = "127.0.0.1", port: int = 8
         signal.signal(signal.SIGTERM, previous)
 
 
-def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, app_kw: dict) -> FastAPI:
+def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, app_kw: dict,
+              target_tag: str | None = None) -> FastAPI:
     from pathlib import Path
 
     from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
@@ -182,12 +184,16 @@ def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, ap
     checkpoint = paths[0]
     kind = load_checkpoint(checkpoint).kind
     if family(kind, f"{checkpoint}: model kind").task != "lm":
-        return create_app(Translator.from_checkpoints(paths, device, quantize=quantize), **app_kw)
+        return create_app(Translator.from_checkpoints(paths, device, quantize=quantize, target_tag=target_tag),
+                          **app_kw)
     if len(paths) > 1:
         raise ConfigError(f"{checkpoint} holds a {kind} language model: serve one at a time (ensembles are of "
                           "translation models)")
     if quantize not in (None, "none"):
         raise ConfigError(f"--quantize {quantize} is for translation models; {checkpoint} holds a {kind} "
+                          "language model")
+    if target_tag:
+        raise ConfigError(f"--target-tag is for multilingual translation models; {checkpoint} holds a {kind} "
                           "language model")
     from attnkit.serve.lm_app import create_lm_app
 
