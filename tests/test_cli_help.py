@@ -203,3 +203,13 @@ def test_tsv_has_a_header_lines_and_ranks_from_1_and_alignments_beside_their_pie
 def test_layers_are_counted_from_1_in_every_help(capsys, verb):
     code, out, _ = run(capsys, *verb, "--help")
     assert code == 0 and "counted from 1" in " ".join(out.split())
+
+
+def test_option_help_never_splits_a_name_at_its_hyphens(capsys):
+    """argparse wraps help at hyphens by default ("lm-char- small-xl"): no preset name or flag may be split."""
+    code, out, _ = run(capsys, "lm", "train", "--help")
+    assert code == 0
+    words = out.split()
+    assert not [w for w in words if w.endswith("-") and w not in ("-", "--")], "a word split at a hyphen"
+    from attnkit.presets import preset_names
+    assert all(name in words or f"{name}," in words or f"{name};" in words for name in preset_names())

@@ -28,6 +28,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         return f"{text} (default: %(default)s)"
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Option help wrapped at spaces only: a preset name (lm-char-small-xl) or a flag stays whole on one line."""
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line that points at --help, with exit code 2."""
