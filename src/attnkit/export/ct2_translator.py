@@ -100,6 +100,8 @@ class CT2Translator:
     results are the `Translation`s `attnkit.decode.Translator` gives (same tokenisation, scores and ranking)."""
 
     encode_sources = Translator.encode_sources  # the same truncation (with its warning) to the model's positions
+    tags = Translator.tags  # and the same reading of a leading target-language tag (>>cmn_Hans<<)
+    _split_tag = Translator._split_tag
     output_limit = Translator.output_limit  # the same a * |src| + b and cap
     translate_texts = Translator.translate_texts
     _one_translation = Translator._translation
@@ -114,6 +116,7 @@ class CT2Translator:
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces(list(range(tgt_tok.vocab_size))))}
         self.src_eos, self.tgt_eos = src_tok.pieces([EOS_ID])[0], tgt_tok.pieces([EOS_ID])[0]
         self.banned = [tgt_tok.pieces([PAD_ID]), tgt_tok.pieces([BOS_ID])]  # never produced, as in attnkit
+        self._tags, self._tag_id = None, None  # a source's own leading tag only: no --target-tag here
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, *, threads: int = 0, compute_type: str = "default",
