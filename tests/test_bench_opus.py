@@ -121,6 +121,18 @@ def test_missing_parts_are_built_in_a_process_of_their_own(tmp_path, monkeypatch
     assert opus.ensure(SHAPE, ["hf"]) == {"hf": opus.model_root(SHAPE) / "hf"}
 
 
+@pytest.mark.skipif(not HAS_IMPORTER, reason="attnkit.formats.marian is not in this attnkit yet")
+def test_the_import_is_redone_when_any_module_of_the_importer_changes(monkeypatch):
+    """The importer is several modules (attnkit/formats/*.py): a cached import made by any other version of one of
+    them is not reused."""
+    before = opus.part_path(SHAPE, "attnkit")
+    read = Path.read_bytes
+    edited = b"\n# edited\n"
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read(self) + edited * (self.name == "marian_vocab.py"))
+    after = opus.part_path(SHAPE, "attnkit")
+    assert after != before and after.parent == before.parent and after.name.startswith("attnkit-")
+
+
 # --- the toolkits read the same model ---------------------------------------------------------------
 @needs_hf
 @pytest.mark.skipif(not HAS_CT2, reason="ctranslate2 is not installed")

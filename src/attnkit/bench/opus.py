@@ -14,7 +14,7 @@ else $XDG_CACHE_HOME/attnkit/bench (~/.cache/attnkit/bench), with one subfolder 
       hf/                                   config.json, model.safetensors, generation_config.json, source.spm,
                                             target.spm, vocab.json, tokenizer_config.json
       ct2-<version>-float32/, ct2-<version>-int8/
-      attnkit-<version>-<importer sha256>.safetensors
+      attnkit-<version>-<importer sha256>.safetensors   (the sha256 of attnkit/formats/*.py)
 
 A part is written under a temporary name and renamed, so an interrupted build leaves nothing half-written; a new
 CTranslate2, attnkit or importer gets a conversion or import of its own (delete the folder to rebuild everything).
@@ -82,9 +82,15 @@ def _has(module: str) -> bool:
 
 
 def _importer_digest() -> str:
-    """sha256 of the importer's source (12 hex digits): an import made by other code is not reused."""
+    """sha256 of the importer's source, every module of its package (12 hex digits): an import made by other code is
+    not reused."""
     spec = importlib.util.find_spec(IMPORTER) if _has(IMPORTER) else None
-    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:12] if spec and spec.origin else "none"
+    if not (spec and spec.origin):
+        return "none"
+    digest = hashlib.sha256()
+    for module in sorted(Path(spec.origin).parent.glob("*.py")):
+        digest.update(module.name.encode() + b"\0" + module.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def part_path(s: MTShape, part: str) -> Path:

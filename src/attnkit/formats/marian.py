@@ -1,5 +1,7 @@
 """Marian (opus-mt) models as Hugging Face stores them (`MarianMTModel`): imported as attnkit checkpoints, and
-attnkit Transformers exported as such folders. docs/import.md has the whole mapping table.
+attnkit Transformers exported as such folders. docs/import.md has the whole mapping table. This module holds the
+name mapping, the import and the export; reading the folder's files is `marian_folder`'s, the vocabularies and the
+sentencepiece models in attnkit's ids (`Side`, `side_tokenizer`) are `marian_vocab`'s.
 
 V vocabulary, D model dim, F FFN dim, P positions.
 
@@ -35,34 +37,34 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-from sentencepiece import sentencepiece_model_pb2 as spm_pb2
 
 from attnkit.checkpoint import Checkpoint, load_checkpoint
 from attnkit.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, RunConfig, TrainConfig, TransformerConfig, family
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
-from attnkit.io import atomic_folder, ensure_new_output, trust_pickle
+from attnkit.formats.marian_folder import (
+    MarianConfig,
+    Weights,
+    read_config,
+    read_tokenizer_config,
+    read_weights,
+    resolve_source,
+)
+from attnkit.formats.marian_vocab import Side, read_sides, read_spm, side_tokenizer
+from attnkit.io import atomic_folder, ensure_new_output
 from attnkit.models import Transformer
 from attnkit.nn.positions import sinusoid_table
 
 # Added to a logit that must take no probability: exp(-1e4) is 0 in float32, and the logit stays a finite number.
 NEVER = -1e4
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # HF's gelu is erf's, as F.gelu
 LAYER_NORM_EPS = 1e-5  # torch's default, which every LayerNorm of HF's Marian uses
 # How a tensor meets the residual stream's channel order: its columns read the stream, its rows (or entries) write
 # it, or neither (q, k, v and FFN w1 biases live in head or FFN space).
 READS, WRITES, AS_IS = "reads", "writes", "as is"
-_PIECE = spm_pb2.ModelProto.SentencePiece
-PRODUCED = (_PIECE.NORMAL, _PIECE.USER_DEFINED, _PIECE.BYTE)  # the piece types sentencepiece's encoder emits
 # Marian's decoding length limit is 3 x the source (marian's --max-length-factor); attnkit's a * |src| + b
 MAX_LEN_A, MAX_LEN_B = 3.0, 10
 
@@ -118,336 +120,8 @@ def reorder(t: torch.Tensor, how: str, order: torch.Tensor) -> torch.Tensor:
     return t[order] if how == WRITES else t
 
 
-# --- reading a Marian folder ------------------------------------------------------------------------------------
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file ({what})")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, not {type(data).__name__}")
-    return data
-
-
-_REQUIRED = object()
-_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _field(cfg: dict, name: str, path: Path, tp: type, default: Any = _REQUIRED) -> Any:
-    """config[name] of type `tp`, or `default` where it is absent (or null); one line naming the file and field."""
-    value = cfg.get(name)
-    if value is None:
-        if default is _REQUIRED:
-            raise CheckpointError(f"{path}: no field '{name}' (a MarianMTModel's config.json has it)")
-        return default
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise CheckpointError(f"{path}: field '{name}' is {value!r}, not {_KINDS[tp]}")
-    if tp is int and value < 0:
-        raise CheckpointError(f"{path}: field '{name}' is {value}, not a count or id")
-    return value
-
-
-@dataclass(frozen=True)
-class MarianConfig:
-    """What attnkit reads of a MarianMTModel's config.json."""
-
-    d_model: int
-    n_heads: int
-    d_ff: int
-    n_encoder_layers: int
-    n_decoder_layers: int
-    vocab_size: int  # rows of the encoder's (or the shared) embedding
-    decoder_vocab_size: int
-    max_positions: int
-    activation: str  # attnkit's name
-    scale_embedding: bool
-    share: bool  # share_encoder_decoder_embeddings
-    tie: bool  # tie_word_embeddings: the output projection is the decoder's embedding
-    pad: int
-    eos: int
-    start: int  # decoder_start_token_id
-    dropout: float
-    attention_dropout: float
-    activation_dropout: float
-
-
-def _same(cfg: dict, path: Path, encoder: str, decoder: str, what: str) -> int:
-    a, b = _field(cfg, encoder, path, int), _field(cfg, decoder, path, int)
-    if a != b:
-        raise CheckpointError(f"{path}: {encoder} {a} and {decoder} {b} differ; attnkit's Transformer has one {what}")
-    return a
-
-
-def read_config(folder: Path) -> MarianConfig:
-    path = folder / "config.json"
-    cfg = _read_json(path, "the model's config")
-    if cfg.get("model_type", "marian") != "marian":
-        raise CheckpointError(f"{path}: field 'model_type' is {cfg['model_type']!r}, not 'marian'")
-    d, heads = _field(cfg, "d_model", path, int), _same(cfg, path, "encoder_attention_heads",
-                                                         "decoder_attention_heads", "number of heads")
-    if d < 2 or d % 2 or heads < 1 or d % heads:
-        raise CheckpointError(f"{path}: field 'd_model' {d} does not split into {heads} heads of an even size")
-    act = _field(cfg, "activation_function", path, str, "gelu")  # MarianConfig's default
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"{path}: field 'activation_function' is {act!r}; attnkit has "
-                              f"{', '.join(ACTIVATIONS)}")
-    share = _field(cfg, "share_encoder_decoder_embeddings", path, bool, True)
-    vocab = _field(cfg, "vocab_size", path, int)
-    pad = _field(cfg, "pad_token_id", path, int)
-    eos = cfg.get("eos_token_id", 0)
-    if isinstance(eos, list) and len(eos) == 1:
-        eos = eos[0]
-    if not isinstance(eos, int) or isinstance(eos, bool):
-        raise CheckpointError(f"{path}: field 'eos_token_id' is {eos!r}, not one id")
-    return MarianConfig(
-        d_model=d, n_heads=heads, d_ff=_same(cfg, path, "encoder_ffn_dim", "decoder_ffn_dim", "FFN size"),
-        n_encoder_layers=_field(cfg, "encoder_layers", path, int),
-        n_decoder_layers=_field(cfg, "decoder_layers", path, int),
-        vocab_size=vocab, decoder_vocab_size=vocab if share else _field(cfg, "decoder_vocab_size", path, int, vocab),
-        max_positions=_field(cfg, "max_position_embeddings", path, int, 1024), activation=ACTIVATIONS[act],
-        scale_embedding=_field(cfg, "scale_embedding", path, bool, False), share=share,
-        tie=_field(cfg, "tie_word_embeddings", path, bool, True), pad=pad, eos=eos,
-        start=_field(cfg, "decoder_start_token_id", path, int, pad),
-        dropout=_field(cfg, "dropout", path, float, 0.1), attention_dropout=_field(cfg, "attention_dropout", path,
-                                                                                   float, 0.0),
-        activation_dropout=_field(cfg, "activation_dropout", path, float, 0.0))
-
-
-def _token_name(value: Any, default: str) -> str:
-    """A special token as tokenizer_config.json writes it: a string, or an AddedToken's dict."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else default
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """One vocab.json: piece -> Marian id."""
-
-    pieces: dict[str, int]
-    path: Path
-
-    @classmethod
-    def read(cls, path: Path, rows: int) -> Vocab:
-        data = _read_json(path, "the vocabulary: piece -> id")
-        seen: dict[int, str] = {}
-        for piece, i in data.items():
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < rows:
-                raise CheckpointError(f"{path}: the id of {piece!r} is {i!r}, not one of the embedding's {rows} rows "
-                                      "(config.json vocab_size)")
-            if i in seen:
-                raise CheckpointError(f"{path}: {seen[i]!r} and {piece!r} both have id {i}")
-            seen[i] = piece
-        return cls(data, path)
-
-    def id_of(self, token: str, field: str, expected: int | None = None) -> int:
-        if token not in self.pieces:
-            raise CheckpointError(f"{self.path}: no {token!r} ({field}); a Marian vocabulary holds it")
-        i = self.pieces[token]
-        if expected is not None and i != expected:
-            raise CheckpointError(f"{self.path}: {token!r} has id {i}, but config.json's {field} is {expected}")
-        return i
-
-
-@dataclass(frozen=True)
-class Side:
-    """One embedding table in attnkit's order: attnkit's row r is Marian's row `ids[r]` and piece `names[r]`;
-    the rows in `never` get NEVER added to their logit (BOS, and the pieces vocab.json lacks)."""
-
-    ids: list[int]
-    names: list[str]
-    never: list[int]
-
-    @classmethod
-    def of(cls, vocab: Vocab, rows: int, specials: dict[str, str], start: int, spms: Iterable) -> Side:
-        pad = vocab.id_of(specials["pad"], "pad_token_id")
-        eos = vocab.id_of(specials["eos"], "eos_token_id")
-        unk = vocab.id_of(specials["unk"], "unk_token")
-        if not 0 <= start < rows:
-            raise CheckpointError(f"{vocab.path}: the decoder starts from id {start}, beyond the {rows} rows")
-        by_id = {i: piece for piece, i in vocab.pieces.items()}
-        ids = [pad, start, eos, unk, *(i for i in range(rows) if i not in (pad, start, eos, unk))]
-        names = [by_id.get(i) or f"<marian_unused_{i}>" for i in ids]
-        # Marian's own models start from pad: BOS is a copy of it, taking no probability. A model exported by
-        # attnkit starts from a token of its own (BOS 1), which keeps its row: import then undoes export.
-        never = [BOS_ID] if start == pad else []
-        if start == pad:
-            names[BOS_ID] = next(n for n in ("<s>", "<attnkit_bos>", "<attnkit_bos_>") if n not in vocab.pieces)
-        extra = list(dict.fromkeys(p.piece for spm in spms for p in spm.pieces
-                                   if p.type in PRODUCED and p.piece not in vocab.pieces))
-        if len(set(names)) != len(names):
-            raise CheckpointError(f"{vocab.path}: a piece is named like an id vocab.json leaves out "
-                                  "(<marian_unused_N>)")
-        return cls(ids + [unk] * len(extra), names + extra, never + list(range(len(ids), len(ids) + len(extra))))
-
-    def table(self, marian: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        """(V_marian, D) in Marian's ids and channels -> (V, D) in attnkit's."""
-        return marian[self.ids][:, order]
-
-
-def read_spm(path: Path):
-    """A sentencepiece ModelProto, checked by loading it the way attnkit will."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file (the sentencepiece model)")
-    data = path.read_bytes()
-    proto = spm_pb2.ModelProto()
-    try:
-        proto.ParseFromString(data)
-        SubwordTokenizer.from_bytes(data)
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, sentencepiece's DataError
-        raise CheckpointError(f"{path}: not a sentencepiece model ({' '.join(str(e).split())})") from None
-    return proto
-
-
-def side_tokenizer(spm, names: list[str]) -> bytes:
-    """A sentencepiece model whose ids are attnkit's rows: `names` in order, those `spm` produces with their type and
-    score, the others UNUSED (never produced), attnkit's four specials; the normaliser and training spec of `spm`.
-
-    Unknown text decodes to nothing, as MarianTokenizer's decode(skip_special_tokens=True) drops <unk>."""
-    known = {p.piece: p for p in spm.pieces if p.type in PRODUCED}
-    out = spm_pb2.ModelProto()
-    out.trainer_spec.CopyFrom(spm.trainer_spec)
-    out.normalizer_spec.CopyFrom(spm.normalizer_spec)
-    if spm.HasField("denormalizer_spec"):
-        out.denormalizer_spec.CopyFrom(spm.denormalizer_spec)
-    special = {PAD_ID: _PIECE.CONTROL, BOS_ID: _PIECE.CONTROL, EOS_ID: _PIECE.CONTROL, UNK_ID: _PIECE.UNKNOWN}
-    for row, name in enumerate(names):
-        piece = out.pieces.add()
-        piece.piece = name
-        if row in special:
-            piece.type = special[row]
-        elif name in known:
-            piece.type, piece.score = known[name].type, known[name].score
-        else:
-            piece.type = _PIECE.UNUSED
-    t = out.trainer_spec
-    t.pad_id, t.bos_id, t.eos_id, t.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
-    t.pad_piece, t.bos_piece, t.eos_piece, t.unk_piece = (names[i] for i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID))
-    t.vocab_size = len(names)
-    t.unk_surface = ""
-    return out.SerializeToString()
-
-
-class Weights:
-    """A MarianMTModel's tensors by name, each checked for presence and shape with a one-line error."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], path: Path):
-        self.tensors, self.path = tensors, path
-        # MarianMTModel's names start with `model.` (the bare MarianModel's do not); the output's never do
-        self.prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
-
-    def has(self, name: str, top: bool = False) -> bool:
-        return (name if top else self.prefix + name) in self.tensors
-
-    def get(self, name: str, shape: tuple[int, ...], top: bool = False) -> torch.Tensor:
-        key = name if top else self.prefix + name
-        t = self.tensors.get(key)
-        if t is None:
-            raise CheckpointError(f"{self.path}: no tensor '{key}' (truncated, or not a MarianMTModel?)")
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{self.path}: tensor '{key}' has shape {tuple(t.shape)}, config.json's "
-                                  f"sizes make it {shape}")
-        return t.float()
-
-    def first(self, names: list[str], shape: tuple[int, ...]) -> torch.Tensor:
-        """The first of several names a tied tensor may be saved under."""
-        return self.get(next((n for n in names if self.has(n)), names[0]), shape)
-
-
-def _safetensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return st_load(path.read_bytes())
-    except (SafetensorError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
-
-
-def _pickled(path: Path) -> dict[str, torch.Tensor]:
-    """pytorch_model.bin, a pickle: refused unless trusted (attnkit.checkpoint's rule), then read weights-only."""
-    if not trust_pickle.get():
-        raise CheckpointError(f"{path} is a pickle (torch.save) file, and loading one can run code hidden in it; "
-                              "attnkit reads model.safetensors. Pass --trust-checkpoint only if you trust where this "
-                              "file came from")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
-        raise CheckpointError(f"{path}: not a readable torch.save file (truncated or corrupt?): "
-                              f"{' '.join(str(e).split())[:300]}") from None
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise CheckpointError(f"{path}: not a state dict of tensors")
-    return state
-
-
-def read_weights(folder: Path) -> Weights:
-    """model.safetensors, its shards (model.safetensors.index.json), or pytorch_model.bin (when trusted)."""
-    single, index, pickled = (folder / n for n in ("model.safetensors", "model.safetensors.index.json",
-                                                    "pytorch_model.bin"))
-    if single.is_file():
-        return Weights(_safetensors(single), single)
-    if index.is_file():
-        shards = _read_json(index, "the list of weight shards").get("weight_map")
-        if not isinstance(shards, dict):
-            raise CheckpointError(f"{index}: no field 'weight_map'")
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in dict.fromkeys(shards.values()):
-            if not (folder / str(shard)).is_file():
-                raise CheckpointError(f"{index}: its shard {shard} is missing")
-            tensors.update(_safetensors(folder / str(shard)))
-        return Weights(tensors, index)
-    if pickled.is_file():
-        return Weights(_pickled(pickled), pickled)
-    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (the weights)")
-
 
 # --- import ---------------------------------------------------------------------------------------------------------
-def resolve_source(source: str | os.PathLike) -> Path:
-    """A local folder (or a file in one); else a Hugging Face hub name, from huggingface_hub's cache only."""
-    path = Path(source)
-    if path.is_dir():
-        return path
-    if path.is_file():
-        return path.parent
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise CheckpointError(f"no such folder: {source}") from None
-    try:
-        return Path(snapshot_download(repo_id=str(source), local_files_only=True))
-    except Exception as e:  # noqa: BLE001 - huggingface_hub answers a name it cannot find offline in many ways
-        raise CheckpointError(f"{source}: no such folder, nor a model in the Hugging Face cache ({type(e).__name__}); "
-                              f"attnkit reads models offline: download it first (hf download {source} --local-dir "
-                              "DIR) and import DIR") from None
-
-
-def _tokenizer_config(folder: Path) -> dict:
-    path = folder / "tokenizer_config.json"
-    return _read_json(path, "the tokenizer's settings") if path.exists() else {}
-
-
-def _sides(folder: Path, m: MarianConfig, tok: dict, spms: dict) -> dict[str, Side]:
-    """{"src", "tgt"} tables in attnkit's order; with shared embeddings one table, the pieces of both spms."""
-    specials = {k: _token_name(tok.get(f"{k}_token"), d) for k, d in (("pad", "<pad>"), ("eos", "</s>"),
-                                                                        ("unk", "<unk>"))}
-    separate = tok.get("separate_vocabs", False) is True
-    src_vocab = Vocab.read(folder / "vocab.json", m.vocab_size)
-    tgt_vocab = Vocab.read(folder / "target_vocab.json", m.decoder_vocab_size) if separate else src_vocab
-    src_vocab.id_of(specials["pad"], "pad_token_id", m.pad)
-    tgt_vocab.id_of(specials["eos"], "eos_token_id", m.eos)
-    if m.share:
-        if tgt_vocab.pieces != src_vocab.pieces:
-            raise CheckpointError(f"{folder / 'config.json'}: field 'share_encoder_decoder_embeddings' is true, but "
-                                  "vocab.json and target_vocab.json differ")
-        side = Side.of(src_vocab, m.vocab_size, specials, m.start, spms.values())
-        return {"src": side, "tgt": side}
-    # the encoder never reads BOS: its row copies the decoder's start where that id is the source's too
-    src_start = m.start if m.start < m.vocab_size else m.pad
-    return {"src": Side.of(src_vocab, m.vocab_size, specials, src_start, [spms["src"]]),
-            "tgt": Side.of(tgt_vocab, m.decoder_vocab_size, specials, m.start, [spms["tgt"]])}
-
-
 def _check_positions(w: Weights, m: MarianConfig, order: torch.Tensor) -> None:
     """Marian's positions are computed, not learned; a stored table that is not that sinusoid is refused."""
     marian = sinusoid_table(m.max_positions, m.d_model)[:, torch.argsort(order)]  # attnkit's table, Marian's layout
@@ -515,9 +189,9 @@ def import_marian(source: str | os.PathLike, *, src_lang: str | None = None, tgt
     as tokenizer_config.json names them."""
     folder = resolve_source(source)
     m = read_config(folder)
-    tok = _tokenizer_config(folder)
+    tok = read_tokenizer_config(folder)
     spms = {"src": read_spm(folder / "source.spm"), "tgt": read_spm(folder / "target.spm")}
-    sides = _sides(folder, m, tok, spms)
+    sides = read_sides(folder, m, tok, spms)
     w = read_weights(folder)
     order = stream_order(m.d_model)
     _check_positions(w, m, order)
