@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,6 +209,27 @@ def test_int8_export_from_the_cli_replaces_only_with_force(trained, tmp_path, ca
     assert main(["export", "--checkpoint", ckpt, "--out", other, "--force"]) == 2
     assert "is not a CTranslate2 model folder, so --force will not replace it" in capsys.readouterr().err
     assert (other / "todo.txt").exists()
+
+
+def test_a_failed_write_keeps_the_previous_export_and_says_why(trained, tmp_path, monkeypatch):
+    """The export is written with attnkit.io.atomic_folder, as every folder attnkit writes: a full disk is one line
+    naming the folder and the cause, and the export already there is left as it was, with no temp folder beside it."""
+    ckpt, _ = trained
+    out = export_checkpoint(ckpt, tmp_path / "ct2")
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    write = Path.write_bytes
+
+    def full_disk(self, data):
+        if self.name == ct2_export.META_FILE:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(AttnkitError) as e:
+        export_checkpoint(ckpt, out, "int8", force=True)
+    assert str(e.value) == f"cannot write '{out}': No space left on device (disk full); the previous ct2 is unchanged"
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["ct2"]
 
 
 def test_models_without_a_ctranslate2_equivalent_and_wrong_engines_are_one_line_errors(trained, tmp_path, capsys):

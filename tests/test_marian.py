@@ -15,7 +15,10 @@ limit of L tokens (EOS forced after them); the outputs here end before it, where
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +28,7 @@ from attnkit.checkpoint import Checkpoint, model_from, save_checkpoint
 from attnkit.config import BOS_ID, EOS_ID, RNNConfig, RunConfig, TrainConfig, TransformerConfig
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode import DecodeOptions, Translator
-from attnkit.errors import ConfigError
+from attnkit.errors import AttnkitError, ConfigError
 from attnkit.formats import export_marian, import_marian
 from attnkit.formats import marian as marian_format
 from attnkit.models import Transformer
@@ -256,9 +259,13 @@ def transformers_model(folder):
     return model.eval(), info
 
 
-def test_export_then_import_is_the_same_model(tmp_path):
-    ckpt = attnkit_checkpoint(tmp_path / "model.safetensors", joint=False, activation="swish", output_bias=True)
+@pytest.mark.parametrize("output_bias", [True, False])
+def test_export_then_import_is_the_same_model(tmp_path, output_bias):
+    """The same tensors and config: a model without an output bias comes back without one (an all-zero
+    final_logits_bias adds nothing), so its translations are the original's to the last bit."""
+    ckpt = attnkit_checkpoint(tmp_path / "model.safetensors", joint=False, activation="swish", output_bias=output_bias)
     back = import_marian(export_marian(tmp_path / "model.safetensors", tmp_path / "hf"))
+    assert back.config.model.output_bias is output_bias
     assert back.model_state.keys() == ckpt.model_state.keys()
     for name, tensor in ckpt.model_state.items():
         assert torch.equal(back.model_state[name], tensor), name
@@ -268,6 +275,26 @@ def test_export_then_import_is_the_same_model(tmp_path):
         assert old.encode(SAMPLE) == new.encode(SAMPLE)
     assert back.languages == {"src": "en", "tgt": "zh"}
     assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["separate_vocabs"] is True
+
+
+def test_a_failed_export_never_brings_back_a_folder_an_earlier_crash_left(tmp_path, monkeypatch):
+    """A crash between moving the previous export aside and renaming the new one in leaves `.hf.old` and no `hf`; a
+    later export whose rename fails must not put that stale folder back under `hf`'s name."""
+    attnkit_checkpoint(tmp_path / "model.safetensors")
+    (tmp_path / ".hf.old").mkdir()
+    (tmp_path / ".hf.old" / "config.json").write_text("{}")
+    replace = os.replace
+
+    def failing_rename(src, dst):
+        if Path(src).name.endswith(".tmp"):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_rename)
+    with pytest.raises(AttnkitError) as e:
+        export_marian(tmp_path / "model.safetensors", tmp_path / "hf")
+    assert str(e.value) == f"cannot write '{tmp_path / 'hf'}': Permission denied"
+    assert not (tmp_path / "hf").exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("model,words", [

@@ -92,13 +92,14 @@ def atomic_folder(out: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         old = out.with_name(f".{out.name}.old")
-        if out.exists():
+        moved = out.exists()
+        if moved:
             shutil.rmtree(old, ignore_errors=True)
             os.replace(out, old)
         try:
             os.replace(tmp, out)
         except OSError:
-            if old.exists():
+            if moved:  # only what this call moved aside: a `.old` an earlier crash left is not `out`'s
                 os.replace(old, out)
             raise
         shutil.rmtree(old, ignore_errors=True)

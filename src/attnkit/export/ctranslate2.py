@@ -21,11 +21,8 @@ refused in one line.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +35,7 @@ from attnkit.config import BOS_ID, EOS_ID, UNK_ID
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError
 from attnkit.export.ct2_translator import FORMAT, META_FILE, VERSION, CT2Translator, check_export, require_ctranslate2
-from attnkit.io import ensure_new_output
+from attnkit.io import atomic_folder, ensure_new_output
 from attnkit.models import Transformer
 from attnkit.nn import FeedForward, MultiHeadAttention, SinusoidalPositions
 
@@ -170,44 +167,6 @@ def _check_replaceable(out: Path, force: bool) -> None:
                            "choose another --out")
 
 
-@contextlib.contextmanager
-def _staging(out: Path):
-    """A temp folder beside `out` that becomes `out` when the block succeeds, and is removed when it fails: a kill
-    never leaves a half-written model under `out`'s name."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        mask = os.umask(0)
-        os.umask(mask)
-        tmp.chmod(0o777 & ~mask)  # mkdtemp makes 0700; outputs get the usual permissions
-    except OSError as e:
-        raise AttnkitError(f"cannot write '{out}': {e.strerror or e}") from None
-    try:
-        yield tmp
-        _swap_in(tmp, out)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise AttnkitError(f"cannot write '{out}': {e.strerror or e}") from None
-        raise
-
-
-def _swap_in(new: Path, out: Path) -> None:
-    """Rename `new` to `out`; a folder already there is moved aside first (and back if the rename fails)."""
-    if not out.exists():
-        os.replace(new, out)
-        return
-    old = out.with_name(f".{out.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(out, old)
-    try:
-        os.replace(new, out)
-    except OSError:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def save_ctranslate2(model: Transformer, src_vocab: list[str], tgt_vocab: list[str], out_dir: str | os.PathLike,
                      quantization: str | None = None, *, files: dict[str, bytes] | None = None,
                      force: bool = False) -> Path:
@@ -221,7 +180,7 @@ def save_ctranslate2(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     spec = transformer_spec(model, src_vocab, tgt_vocab)
     spec.validate()
     spec.optimize(quantization=quantization)
-    with _staging(out) as tmp:
+    with atomic_folder(out) as tmp:
         spec.save(str(tmp))
         for name, data in (files or {}).items():
             (tmp / name).write_bytes(data)
