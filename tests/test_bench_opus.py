@@ -183,6 +183,25 @@ def test_the_greedy_check_fails_when_the_outputs_differ():
     assert "output = HF's in 1/2 sentences" in text
 
 
+@pytest.mark.parametrize("same", [True, False], ids=["passes", "fails"])
+def test_the_command_exits_with_1_after_the_whole_table_when_the_check_fails(monkeypatch, tmp_path, capsys, same):
+    hf_ids = [[5, 6, 7], [8, 9, 10]]
+    attnkit_ids = hf_ids if same else [[5, 6, 7], [8, 9, 11]]
+    monkeypatch.setattr(bench, "run_bench", lambda *args, **kw: opus_rows(attnkit_ids, hf_ids))
+    out = tmp_path / "bench.jsonl"
+    code = main(["bench", "--quick", "--workloads", "opus", "--json", out])
+    text, err = capsys.readouterr()
+    assert "### MT at the opus-mt shape" in text and text.rstrip().endswith(bench.FOOTNOTES[-1])  # all of it
+    assert len(out.read_text().splitlines()) == 4  # and the results, for a look at what failed
+    if same:
+        assert (code, err) == (0, "")
+        return
+    assert "greedy check FAILED" in text
+    assert code == 1 and err == ("attnkit: the greedy check FAILED: attnkit float32's output equals HF transformers' "
+                                 "in 1 of 2 sentences of mt-opus-greedy (the first difference is under the opus-mt "
+                                 "table)\n")
+
+
 def test_the_greedy_check_says_when_it_was_not_made():
     rows = opus_rows([[5]], [[5]])
     rows[2] = {"toolkit": "huggingface", "workload": "mt-opus-greedy", "skipped": "skipped: not installed"}

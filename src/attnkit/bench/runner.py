@@ -11,7 +11,8 @@ toolkit instead of one per measurement; it exists to smoke-test the whole path i
 The mt-opus-* workloads decode one random Marian model that every toolkit reads in its own way (bench.opus
 builds it once, before the measurements, in a process of its own); their rows carry the output ids, and each
 row says in how many sentences its output equals Hugging Face transformers' token for token: attnkit float32's
-greedy output must equal it (the check line under the table).
+greedy output must equal it (the check line under the table; when it does not, `attnkit bench` exits with 1 after
+printing every table: `check_outputs`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from attnkit.bench.catalog import (
     installed,
 )
 from attnkit.bench.workloads import QUICK, STANDARD, Shapes, mt_shape
+from attnkit.errors import AttnkitError
 
 PRECISION = {"bfloat16": "training in bfloat16 (autocast), decoding and evaluation in float32"}
 
@@ -194,6 +196,22 @@ def greedy_check(rows: list[dict]) -> dict | None:
     """attnkit float32's greedy output on the opus-mt-shape model against transformers' (None: not both measured)."""
     row = next((r for r in rows if r["toolkit"] == "attnkit" and r["workload"] == "mt-opus-greedy"), None)
     return row.get("same_as_hf") if row else None
+
+
+class CheckFailed(AttnkitError):
+    """A correctness check of the run failed: the command exits with 1 (2 is a usage error) after the tables."""
+
+    exit_code = 1
+
+
+def check_outputs(rows: list[dict]) -> None:
+    """CheckFailed when the greedy check failed: attnkit float32's output on mt-opus-greedy is not transformers'.
+    A speed measured on wrong outputs is no result, so a script or CI job running the bench must see it fail."""
+    check = greedy_check(rows)
+    if check is not None and not check["identical"]:
+        raise CheckFailed(f"the greedy check FAILED: attnkit float32's output equals HF transformers' in "
+                          f"{check['sentences_equal']} of {check['sentences']} sentences of mt-opus-greedy (the "
+                          "first difference is under the opus-mt table)")
 
 
 def annotate(rows: list[dict]) -> list[dict]:

@@ -53,7 +53,7 @@ def add_parsers(sub) -> dict[str, Callable]:
 def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> None:
     import json
 
-    from attnkit.bench.runner import annotate, expand_workloads, render, run_bench
+    from attnkit.bench.runner import annotate, check_outputs, expand_workloads, render, run_bench
     from attnkit.errors import AttnkitError
     from attnkit.io import atomic_write_text, ensure_new_output
 
@@ -70,3 +70,4 @@ def cmd_bench(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.json:
         atomic_write_text(args.json, "".join(json.dumps(r) + "\n" for r in rows))
     print(render(rows, dtype=args.dtype, threads=args.threads, quick=args.quick))
+    check_outputs(rows)  # after the whole table: exit code 1 when the outputs' check failed
