@@ -34,6 +34,7 @@ an attnkit-trained model leaves without fields Marian lacks. `transformers` is n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -204,6 +205,10 @@ def import_marian(source: str | os.PathLike, *, src_lang: str | None = None, tgt
         part = (shapes[name][0] // len(marian_names), *shapes[name][1:])
         state[name] = reorder(torch.cat([w.get(n, part) for n in marian_names]), how, order)
     state.update(_vocabulary_tensors(w, m, sides, order, tables, share))
+    if not state["out_bias"].any():  # nothing to add (attnkit's own exports): the model without the bias, exactly
+        del state["out_bias"]
+        config = dataclasses.replace(config, output_bias=False)
+        shapes = _shapes(config)
     if {k: tuple(v.shape) for k, v in state.items()} != shapes:  # the table covers attnkit's model, all of it
         raise AttnkitError(f"import of {folder}: the weights mapped do not make attnkit's model (a bug in attnkit)")
     tokenizers = {side: side_tokenizer(spms[side], sides[side].names) for side in ("src", "tgt")}
