@@ -173,12 +173,18 @@ def checkpoint_languages(path: str | Path) -> dict[str, str | None]:
         return _languages(_read_metadata(f.read(8 + int.from_bytes(head[:8], "little"))), path)
 
 
-def _load_trusted_pickle(path: Path) -> Checkpoint:
-    """A pickled checkpoint: refused unless trusted, since unpickling can execute any code it names."""
+def require_trust(path: Path, instead: str) -> None:
+    """A pickle (torch.save) file is read only when the user trusts it (`--trust-checkpoint`, the
+    `attnkit.io.trust_pickle` context variable), since unpickling can execute any code it names; `instead` says what
+    attnkit reads without that trust."""
     if not trust_pickle.get():
-        raise CheckpointError(f"{path} is a pickle / torch.save file, and loading one can run code hidden in it; "
-                              "attnkit loads safetensors checkpoints. Pass --trust-checkpoint only if you trust "
-                              "where this file came from")
+        raise CheckpointError(f"{path} is a pickle (torch.save) file, and loading one can run code hidden in it; "
+                              f"attnkit {instead}. Pass --trust-checkpoint only if you trust where this file came from")
+
+
+def _load_trusted_pickle(path: Path) -> Checkpoint:
+    """A pickled checkpoint: refused unless trusted."""
+    require_trust(path, "loads safetensors checkpoints")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=False)
         config = cfgmod.from_dict(cfgmod.family(obj["kind"]).run, cfgmod.upgrade(obj["config"]))

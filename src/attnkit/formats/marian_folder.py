@@ -17,8 +17,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
+from attnkit.checkpoint import require_trust
 from attnkit.errors import CheckpointError
-from attnkit.io import trust_pickle
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # HF's gelu is erf's, as F.gelu
 
@@ -156,10 +156,7 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _pickled(path: Path) -> dict[str, torch.Tensor]:
     """pytorch_model.bin, a pickle: refused unless trusted (attnkit.checkpoint's rule), then read weights-only."""
-    if not trust_pickle.get():
-        raise CheckpointError(f"{path} is a pickle (torch.save) file, and loading one can run code hidden in it; "
-                              "attnkit reads model.safetensors. Pass --trust-checkpoint only if you trust where this "
-                              "file came from")
+    require_trust(path, "reads model.safetensors")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
