@@ -93,14 +93,21 @@ def main() -> None:
     print(markdown(results))
 
 
-def markdown(results: dict) -> str:
+def score_table(results: dict) -> list[str]:
+    """One Markdown row per set and decoding: BLEU cased and lowercased, chrF2, the decoding time (— if not timed)."""
     lines = ["| set | decoding | sacreBLEU cased | sacreBLEU lowercased | chrF2 | decoding time (s) |",
              "|---|---|---:|---:|---:|---:|"]
     for name, row in results["sets"].items():
         for label, r in row.items():
             if isinstance(r, dict):
+                seconds = "—" if r["seconds"] is None else f"{r['seconds']:.1f}"
                 lines.append(f"| {name} | {label} | {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} | "
-                             f"{r['seconds']:.1f} |")
+                             f"{seconds} |")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    lines = score_table(results)
     shares = ", ".join(f"{n} {100 * row['beam_score_at_least_greedy']:.1f}%" for n, row in results["sets"].items())
     lines.append(f"\nModel: {results['checkpoint']} (chosen on val greedy BLEU); beam length penalty alpha "
                  f"{results['alpha']} (chosen on val). Beam 5 finds a model score at least greedy's on: {shares}.")

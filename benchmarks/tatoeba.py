@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 import torch
-from multi30k import ALPHAS, decode, normalised  # the Multi30k recipe's search and its length penalty grid
+from multi30k import ALPHAS, decode, normalised, score_table  # the Multi30k recipe's search, alpha grid, table
 
 from attnkit.checkpoint import average_checkpoints, epoch_checkpoints
 from attnkit.data import load_tokenizers, read_lines, write_lines
@@ -135,14 +135,7 @@ def ceiling(data_dirs: list[str], references: Path) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = ["| set | decoding | sacreBLEU cased | sacreBLEU lowercased | chrF2 | decoding time (s) |",
-             "|---|---|---:|---:|---:|---:|"]
-    for name, cells in results["sets"].items():
-        for label, r in cells.items():
-            if isinstance(r, dict):
-                seconds = "—" if r["seconds"] is None else f"{r['seconds']:.1f}"
-                lines.append(f"| {name} | {label} | {r['bleu']:.2f} | {r['bleu_lc']:.2f} | {r['chrf']:.2f} | "
-                             f"{seconds} |")
+    lines = score_table(results)
     first = next(r for cells in results["sets"].values() for r in cells.values() if isinstance(r, dict))
     lines.append(f"\nBLEU: sacreBLEU {first['signature']}, tokenizer {first['tokenizer']}; chrF2: "
                  f"{first['signature_chrf']}.")
