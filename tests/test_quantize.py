@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.decode import translator as translator_module
@@ -65,11 +66,13 @@ def test_translate_quantize_int8_on_the_command_line(checkpoint, tmp_path, capsy
 
 def test_health_names_the_int8_kernels_the_service_runs(checkpoint):
     httpx = pytest.importorskip("httpx")
-    from attnkit.nn import int8_input_range, int8_kernels
+    from attnkit.nn import int8_kernels, int8_scheme
     from attnkit.serve.app import create_app
     from serving import running
 
     with running(create_app(Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8"))) as url:
         health = httpx.get(f"{url}/health", timeout=10).json()
     assert health["quantize"] == "int8" and health["kernels"] == int8_kernels()
-    assert f"{8 if int8_input_range() == 255 else 7}-bit inputs" in health["kernels"]
+    words = {"full": "8-bit inputs (32-bit sums)", "inputs": "7-bit inputs (the kernels add pairs in 16 bits)",
+             "weights": "8-bit inputs, 7-bit weights (the kernels add pairs in 16 bits)"}
+    assert health["kernels"] == f"{torch.backends.quantized.engine} engine, {words[int8_scheme().name]}"

@@ -22,7 +22,7 @@ from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode import DecodeOptions, Ensemble, Translator, beam_search, greedy_search
 from attnkit.errors import ConfigError
 from attnkit.models import Transformer
-from attnkit.nn import FeedForward, Linear, PackedWeights, int8_input_range, linear, prepacked
+from attnkit.nn import FeedForward, Linear, PackedWeights, int8_scheme, linear, prepacked
 from conftest import tiny_model_config
 from test_int8 import int8_reference, needs_int8
 
@@ -86,7 +86,7 @@ def test_int8_swish_product_is_silu_of_the_quantised_product(rows):
     w, b = (lin.weight, lin.bias) if rows is None else (lin.weight[rows[0] : rows[1]], lin.bias[rows[0] : rows[1]])
     with torch.no_grad(), prepacked(PackedWeights(int8=True)):
         out = linear(x, lin.weight, lin.bias, rows=rows, activation="swish")
-    ref = F.silu(int8_reference(x, w, b, int8_input_range())).float()
+    ref = F.silu(int8_reference(x, w, b, int8_scheme())).float()
     scale = ref.abs().max().item()
     assert (out - ref).abs().max().item() < 1e-3 * scale
     assert (out - F.silu(F.linear(x, w, b))).abs().max().item() > 1e-6 * scale  # int8 really ran

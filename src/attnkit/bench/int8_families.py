@@ -3,17 +3,21 @@
 fbgemm and oneDNN pick their int8 kernels once per process from the CPU, capped by `FBGEMM_ENABLE_INSTRUCTIONS`
 (the `x86` and `fbgemm` engines' dynamic linear) and `ONEDNN_MAX_CPU_ISA` (the `onednn` engine). Each family
 below is an engine plus the variable that forces its kernels, the CPU flags they need (a family the CPU lacks
-would silently run another), and the input range `attnkit.nn.int8_input_range` must find there: 127 where
-pairs of products are added in 16 bits (AVX2, AVX-512 without VNNI), 255 where they accumulate in 32 bits.
+would silently run another), and whether they add pairs of products in 16 bits (AVX2, AVX-512 without VNNI), where
+`attnkit.nn.int8_scheme` must find 7-bit weights (or, with ATTNKIT_INT8_SATURATING=inputs, 7-bit inputs) instead
+of the 8 + 8 bits that kernels accumulating in 32 bits sum exactly.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from attnkit.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -21,25 +25,26 @@ class Family:
     engine: str  # torch.backends.quantized.engine
     env: dict[str, str] = field(hash=False)  # what forces its kernels
     needs: frozenset[str]  # /proc/cpuinfo flags
-    input_range: int  # 127 or 255
+    pairs_in_16_bits: bool  # saturating kernels: 7-bit weights or inputs
 
 
 _AVX2 = frozenset({"avx2", "fma"})
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
 _VNNI = _AVX512 | {"avx512_vnni"}
 FAMILIES = {
-    "fbgemm-avx2": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}, _AVX2, 127),
-    "fbgemm-avx512": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512"}, _AVX512, 127),
-    "fbgemm-avx512-256": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_256"}, _AVX512, 127),
-    "fbgemm-avx512-vnni": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1"}, _VNNI, 255),
-    "fbgemm-avx512-vnni-256": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1_256"}, _VNNI, 255),
-    "onednn-avx2": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, _AVX2, 127),
-    "onednn-avx2-vnni": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, _AVX2 | {"avx_vnni"}, 255),
-    "onednn-avx512": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, _AVX512, 127),
-    "onednn-avx512-vnni": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, _VNNI, 255),
-    "onednn-amx": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, _VNNI | {"amx_int8", "amx_tile"}, 255),
+    "fbgemm-avx2": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}, _AVX2, True),
+    "fbgemm-avx512": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512"}, _AVX512, True),
+    "fbgemm-avx512-256": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_256"}, _AVX512, True),
+    "fbgemm-avx512-vnni": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1"}, _VNNI, False),
+    "fbgemm-avx512-vnni-256": Family("x86", {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX512_E1_256"}, _VNNI, False),
+    "onednn-avx2": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, _AVX2, True),
+    "onednn-avx2-vnni": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}, _AVX2 | {"avx_vnni"}, False),
+    "onednn-avx512": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, _AVX512, True),
+    "onednn-avx512-vnni": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, _VNNI, False),
+    "onednn-amx": Family("onednn", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, _VNNI | {"amx_int8", "amx_tile"}, False),
 }
 ENGINE_VARIABLE = "ATTNKIT_QUANTIZED_ENGINE"  # read by the processes that run a family (`apply_engine`)
+SATURATING_VARIABLE = "ATTNKIT_INT8_SATURATING"  # "weights" or "inputs": the 7-bit side on saturating kernels
 
 
 def cpu_flags() -> set[str]:
@@ -62,17 +67,24 @@ def unavailable(name: str) -> str:
     return ""
 
 
-def environment(name: str) -> dict[str, str]:
-    """The environment of a process that runs family `name`: this one's, its kernel cap and its engine."""
+def environment(name: str, saturating: str = "weights") -> dict[str, str]:
+    """The environment of a process that runs family `name`: this one's, its kernel cap, its engine and the 7-bit
+    side (`saturating`, "weights" or "inputs") if its kernels add pairs in 16 bits."""
     family = FAMILIES[name]
-    return {**os.environ, **family.env, ENGINE_VARIABLE: family.engine}
+    return {**os.environ, **family.env, ENGINE_VARIABLE: family.engine, SATURATING_VARIABLE: saturating}
 
 
 def apply_engine() -> None:
-    """In a process started with `environment(...)`: switch to its family's quantized engine. For the entry points
-    of tests and measurement scripts only (it changes process-wide state, which a library call never does)."""
+    """In a process started with `environment(...)`: switch to its family's quantized engine and 7-bit side. For the
+    entry points of tests and measurement scripts only (it changes process-wide state, which a library call never
+    does)."""
     if engine := os.environ.get(ENGINE_VARIABLE):
         torch.backends.quantized.engine = engine
+    if saturating := os.environ.get(SATURATING_VARIABLE):
+        if saturating not in ("weights", "inputs"):
+            raise ConfigError(f"{SATURATING_VARIABLE} must be weights or inputs; got {saturating!r}")
+        # the module, not the function attnkit.nn exports under the same name
+        importlib.import_module("attnkit.nn.linear").SATURATING = saturating
 
 
-__all__ = ["FAMILIES", "Family", "apply_engine", "cpu_flags", "environment", "unavailable"]
+__all__ = ["FAMILIES", "SATURATING_VARIABLE", "Family", "apply_engine", "cpu_flags", "environment", "unavailable"]

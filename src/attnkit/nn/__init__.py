@@ -4,7 +4,7 @@ from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import ConcatHeadsAttention, KVCache, MultiHeadAttention, scaled_dot_product
 from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
-from attnkit.nn.linear import Linear, PackedWeights, int8_input_range, int8_kernels, int8_unavailable, linear, prepacked
+from attnkit.nn.linear import Linear, PackedWeights, int8_kernels, int8_scheme, int8_unavailable, linear, prepacked
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
 
@@ -22,8 +22,8 @@ __all__ = [
     "PackedWeights",
     "SinusoidalPositions",
     "causal_mask",
-    "int8_input_range",
     "int8_kernels",
+    "int8_scheme",
     "int8_unavailable",
     "dropout",
     "key_padding_to_attn_mask",

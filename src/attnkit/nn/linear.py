@@ -27,14 +27,16 @@ use AVX2, AVX-512 and VNNI instructions), accumulated in int32 and returned in f
 32000) output projection 1.2 ms instead of 4.3 ms. The price is rounding: each output is off by about 1% of
 its scale, which the tests and the BLEU figures in docs/speed.md bound.
 
-The input's range depends on the kernels. With VNNI (or AMX) a u8 x s8 product is added straight into int32.
-Without it (AVX2, AVX-512F/BW) the kernels add pairs of products in 16 bits with saturation
-(`vpmaddubsw`): two inputs of 255 times weights of 127 make 64,770, which clips to 32,767, and a product of
-true value 12.80 came out 6.48. Those kernels are exact only on inputs in 0..127 (`reduce_range`: 2 x 127 x
-127 = 32,258 fits). Which kernels run is fbgemm's or oneDNN's choice inside the process (the CPU,
-`FBGEMM_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`, the quantized engine), so `int8_input_range()` asks the
-kernels themselves once per engine: a product whose pairs overflow 16 bits in the full range decides between
-0..255 and 0..127, and a kernel exact in neither is refused.
+The quantisation's ranges depend on the kernels. With VNNI (or AMX) a u8 x s8 product is added straight into
+int32: inputs use 0..255, weights -127..127. Without it (AVX2, AVX-512F/BW) the kernels add pairs of products in
+16 bits with saturation (`vpmaddubsw`): two inputs of 255 times weights of 127 make 64,770, which clips to 32,767,
+and a product of true value 12.80 came out 6.48. Those kernels are exact when one side gives up a bit: weights
+in -64..64 with inputs in 0..255 (2 x 255 x 64 = 32,640 fits), which attnkit uses, or inputs in 0..127
+(`reduce_range`: 2 x 127 x 127 = 32,258), which the `SATURATING` setting selects for measurement. On the Multi30k
+model's FFN products the relative error is 0.0088 with 7-bit weights and 0.0116 with 7-bit inputs (0.0065 with
+VNNI's 8 + 8 bits). Which kernels run is fbgemm's or oneDNN's choice inside the process (the CPU,
+`FBGEMM_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`, the quantized engine), so `int8_scheme()` asks the kernels
+themselves once per engine which ranges they sum exactly, and a kernel exact in none is refused.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import platform
 import warnings
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -73,47 +76,75 @@ def int8_unavailable() -> str:
     engine = torch.backends.quantized.engine
     if engine not in _FAST_INT8_ENGINES:
         return f"the quantized engine is {engine!r}, not one of {_FAST_INT8_ENGINES}"
-    if int8_input_range() is None:
-        return f"the {engine!r} int8 kernels here miss the exact quantised product even with 7-bit inputs"
+    if int8_scheme() is None:
+        return f"the {engine!r} int8 kernels here miss the exact quantised product even with 7-bit inputs or weights"
     return ""
 
 
-def int8_input_range() -> int | None:
-    """The largest uint8 input the int8 kernels of the current quantized engine add up exactly: 255 where they
-    accumulate in 32 bits (VNNI, AMX), 127 where they add pairs of products in 16 bits (AVX2, AVX-512 without
-    VNNI), None where neither is exact. Measured on the kernels, once per engine (module docstring)."""
-    return _probe_input_range(torch.backends.quantized.engine)
+@dataclass(frozen=True)
+class Int8Scheme:
+    """How a product is quantised for the int8 kernels: its input to 0..input_top (uint8, one affine scale per
+    call), each weight row to -weight_top..weight_top (int8, a symmetric scale per row)."""
+
+    name: str
+    input_top: int  # 255, or 127 (PyTorch's `reduce_range`)
+    weight_top: int  # 127, or 64
+    words: str  # for reports and /health
+
+    @property
+    def reduce_range(self) -> bool:
+        return self.input_top == 127
+
+
+INT8_SCHEMES = {s.name: s for s in (
+    Int8Scheme("full", 255, 127, "8-bit inputs (32-bit sums)"),
+    Int8Scheme("weights", 255, 64, "8-bit inputs, 7-bit weights (the kernels add pairs in 16 bits)"),
+    Int8Scheme("inputs", 127, 127, "7-bit inputs (the kernels add pairs in 16 bits)"),
+)}
+# Where the kernels add pairs in 16 bits: "weights" (less error, module docstring) or "inputs". Library code only
+# reads it; an entry point that measures the other sets it before any int8 copy is made
+# (attnkit.bench.int8_families.apply_engine, from ATTNKIT_INT8_SATURATING).
+SATURATING = "weights"
+
+
+def int8_scheme() -> Int8Scheme | None:
+    """The quantisation the int8 kernels of the current quantized engine sum exactly: 8-bit inputs and weights where
+    they accumulate in 32 bits (VNNI, AMX), else 7-bit weights (or, with SATURATING = "inputs", 7-bit inputs),
+    None where none is exact. Measured on the kernels, once per engine (module docstring)."""
+    exact = _probe_schemes(torch.backends.quantized.engine)
+    return next((INT8_SCHEMES[name] for name in ("full", SATURATING, "weights", "inputs") if name in exact), None)
 
 
 @functools.cache
-def _probe_input_range(engine: str) -> int | None:
-    """Run the kernels on ones: every input quantises to its top value q and every weight to +-127, so each pair of
-    products is +-2 * q * 127 (64,770 for q = 255, over int16's 32,767) and every output should be +-K exactly."""
+def _probe_schemes(engine: str) -> frozenset[str]:
+    """The schemes whose products the kernels sum exactly. Run on ones: every input quantises to its top value and
+    every weight to +-weight_top, so each pair of products is +-2 * input_top * weight_top (64,770 for 8 + 8 bits,
+    over int16's 32,767; 32,640 with 7-bit weights) and every output should be +-K exactly."""
     k = 64
     x = torch.ones(3, k)  # (M, K)
     w = torch.ones(4, k)  # (N, K), rows of +1 and -1
     w[1::2] = -1
     exact = x @ w.T  # (M, N): +-64
+    found = set()
     with torch.inference_mode(False), torch.no_grad():
-        packed = _quantize_rows(w, None)
-        for reduce_range, top in ((False, 255), (True, 127)):
-            y = torch.ops.quantized.linear_dynamic(x, packed, reduce_range)  # (M, N)
+        for scheme in INT8_SCHEMES.values():
+            packed = _quantize_rows(w, None, scheme.weight_top)
+            y = torch.ops.quantized.linear_dynamic(x, packed, scheme.reduce_range)  # (M, N)
             if torch.allclose(y, exact, rtol=1e-4, atol=0):
-                return top
-    return None
+                found.add(scheme.name)
+    return frozenset(found)
 
 
 def int8_kernels() -> str:
-    """The int8 path this process takes, in words (for reports): engine and input range."""
-    top = int8_input_range()
-    bits = {255: "8-bit inputs (32-bit sums)", 127: "7-bit inputs (the kernels add pairs in 16 bits)"}
-    return f"{torch.backends.quantized.engine} engine, {bits.get(top, 'no exact kernels')}"
+    """The int8 path this process takes, in words (for reports): engine and quantisation."""
+    scheme = int8_scheme()
+    return f"{torch.backends.quantized.engine} engine, {scheme.words if scheme else 'no exact kernels'}"
 
 
-def _quantize_rows(w: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
-    """(N, K) float weight -> the int8 kernels' packed form: w[n] ~ scale[n] * q[n], q in [-127, 127]."""
-    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127  # (N,)
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
+def _quantize_rows(w: torch.Tensor, bias: torch.Tensor | None, top: int) -> torch.ScriptObject:
+    """(N, K) float weight -> the int8 kernels' packed form: w[n] ~ scale[n] * q[n], q in [-top, top]."""
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / top  # (N,)
+    q = torch.round(w / scale[:, None]).clamp_(-top, top).to(torch.int8)  # (N, K)
     with warnings.catch_warnings():  # PyTorch marks quantized tensors deprecated (one warning per process)
         warnings.simplefilter("ignore", UserWarning)
         qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
@@ -132,8 +163,8 @@ class PackedWeights:
         self.int8 = int8  # int8 copies (with their bias) instead of float ones
         if int8 and (why := int8_unavailable()):
             raise ValueError(f"int8 products: {why}")
-        # quantise each product's input to 0..127 where the kernels would saturate on 0..255
-        self.reduce_range = int8 and int8_input_range() == 127
+        # the ranges these kernels sum exactly, fixed for the cache's life
+        self.scheme = int8_scheme() if int8 else None
         self._entries: dict[int, tuple[weakref.ref, dict]] = {}
 
     def __len__(self) -> int:
@@ -164,7 +195,10 @@ class PackedWeights:
         w = weight if rows is None else weight[rows[0] : rows[1]]
         with torch.inference_mode(False):  # a normal tensor, usable after an inference_mode block ends
             w = w.detach().contiguous()
-            packed = _quantize_rows(w, bias) if self.int8 else torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT)
+            if self.int8:
+                packed = _quantize_rows(w, bias, self.scheme.weight_top)
+            else:
+                packed = torch.ops.mkldnn._reorder_linear_weight(w, _ROWS_HINT)
         per_rows[rows] = (stamp, packed)
         return packed
 
@@ -238,7 +272,7 @@ def linear(
         return y if activation is None else _ACTIVATIONS[activation](y)
     if cache.int8:
         kernel = _linear_int8.get(activation, _linear_int8[None])
-        y = kernel(x, cache.get(weight, rows, bias), cache.reduce_range)  # (..., N)
+        y = kernel(x, cache.get(weight, rows, bias), cache.scheme.reduce_range)  # (..., N)
         return y if activation in _linear_int8 else _ACTIVATIONS[activation](y)
     packed = cache.get(weight, rows)
     if activation is None:

@@ -158,8 +158,8 @@ class Health(BaseModel):
     model: str
     device: str
     quantize: str = Field("none", description="none (float32) or int8: the weights the searches run with")
-    kernels: str = Field("", description="with int8: the engine and the input range its kernels sum exactly "
-                                         "(7-bit inputs where they add pairs of products in 16 bits)")
+    kernels: str = Field("", description="with int8: the engine and the bits its kernels sum exactly "
+                                         "(7-bit weights where they add pairs of products in 16 bits)")
     queue: int = Field(description="requests waiting for the worker")
 
 
