@@ -39,7 +39,6 @@ import itertools
 import json
 import math
 import os
-import shutil
 import string
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import torch
 
 from attnkit import __version__
 from attnkit.bench.workloads import MARIAN_EOS, MARIAN_UNK, QUICK, STANDARD, MTShape, marian_source_pieces
+from attnkit.io import atomic_folder
 
 SEED = 0
 REVISION = 1  # of what write_hf writes: a new revision builds a new folder
@@ -164,16 +164,9 @@ def build(s: MTShape, parts: Iterable[str]) -> None:
 
 
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> None:
-    """write(tmp) into a fresh sibling folder, then rename it to `path` (kept if another process got there first)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    """write(tmp) into a folder beside `path` that becomes `path` only when it is whole (io.atomic_folder)."""
+    with atomic_folder(path) as tmp:
         write(tmp)
-        if not path.exists():
-            os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_hf(s: MTShape, out: Path) -> None:
