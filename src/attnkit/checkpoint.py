@@ -214,12 +214,22 @@ def model_from(ckpt: Checkpoint, path: str | Path) -> torch.nn.Module:
     return load_weights(build_model(ckpt.kind, ckpt.config.model), ckpt, path)
 
 
-def load_lm_checkpoint(path: str | Path, device: torch.device | str = "cpu"):
-    """(model in eval mode, LMVocab, LMRunConfig) from a checkpoint written by the LM trainer."""
+def _lm_checkpoint(path: str | Path) -> Checkpoint:
     ckpt = load_checkpoint(path)
     if cfgmod.family(ckpt.kind).task != "lm" or LM_VOCAB not in ckpt.tokenizers:
         raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a language model")
+    return ckpt
+
+
+def load_lm_checkpoint(path: str | Path, device: torch.device | str = "cpu"):
+    """(model in eval mode, LMVocab, LMRunConfig) from a language model's checkpoint."""
+    ckpt = _lm_checkpoint(path)
     return model_from(ckpt, path).to(device).eval(), LMVocab.from_bytes(ckpt.tokenizers[LM_VOCAB]), ckpt.config
+
+
+def lm_vocab_of(path: str | Path) -> LMVocab:
+    """A language model's vocabulary, without building the model."""
+    return LMVocab.from_bytes(_lm_checkpoint(path).tokenizers[LM_VOCAB])
 
 
 def _read_metadata(data: bytes) -> dict[str, str]:

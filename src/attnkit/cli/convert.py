@@ -1,5 +1,5 @@
-"""`attnkit import`: a model trained elsewhere (a Marian / Hugging Face MarianMTModel folder) as an attnkit
-checkpoint, which every verb then runs."""
+"""`attnkit import`: a model trained elsewhere (a Marian / Hugging Face MarianMTModel folder, a Transformer-XL of the
+reference code, NVIDIA's or Hugging Face's) as an attnkit checkpoint, which every verb then runs."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ from collections.abc import Callable
 from attnkit.cli.options import add_trust_option
 from attnkit.io import ensure_new_output
 
-FORMATS = ("marian",)  # attnkit.formats' importers; the verb's --from choices
+FORMATS = ("marian", "transformer-xl")  # attnkit.formats' importers; the verb's --from choices
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    im = sub.add_parser("import", help="write a pretrained model (Marian / opus-mt) as an attnkit checkpoint",
+    im = sub.add_parser("import", help="write a pretrained model (Marian / opus-mt, Transformer-XL) as an attnkit "
+                                       "checkpoint",
                         description=IMPORT_DESCRIPTION)
     im.add_argument("--from", dest="source_format", choices=FORMATS, required=True,
                     help="the format SOURCE is in: marian, a Hugging Face MarianMTModel folder (config.json, "
                          "model.safetensors, source.spm, target.spm, vocab.json), such as the Helsinki-NLP opus-mt "
-                         "models")
+                         "models; transformer-xl, a language model of the Transformer-XL reference code, NVIDIA's "
+                         "or Hugging Face's TransfoXLLMHeadModel (transfo-xl-wt103): a folder (config.json, "
+                         "model.safetensors or pytorch_model.bin, vocab.pkl or vocab.txt) or a state dict file")
     im.add_argument("source", metavar="SOURCE",
                     help="the model's folder (or a file in it); a hub name such as Helsinki-NLP/opus-mt-zh-en is "
                          "read from the Hugging Face cache where huggingface_hub is installed (nothing is downloaded)")
@@ -25,6 +28,8 @@ def add_parsers(sub) -> dict[str, Callable]:
     im.add_argument("--src-lang", help="the source language's code, recorded in the checkpoint (default: the one "
                                        "tokenizer_config.json names, if any)")
     im.add_argument("--tgt-lang", help="the target language's code (BLEU's tokenizer follows it: zh for Chinese)")
+    im.add_argument("--vocab", help="transformer-xl: the vocabulary, where it is not beside the weights (vocab.txt: a "
+                                    "symbol per line, id = line; vocab.pkl: Hugging Face's TransfoXLTokenizer's)")
     im.add_argument("--force", action="store_true", help="replace an existing checkpoint")
     add_trust_option(im)
     return {"import": cmd_import}
@@ -39,13 +44,30 @@ the weights, positions and vocabulary map.
   hf download Helsinki-NLP/opus-mt-zh-en --local-dir opus-mt-zh-en
   attnkit import --from marian opus-mt-zh-en --out zh-en.safetensors --src-lang zh --tgt-lang en
   echo "我们明天见。" | attnkit translate --checkpoint zh-en.safetensors --beam 5
-  attnkit translate --checkpoint en-mul.safetensors --target-tag cmn_Hans --input news.en   # multilingual"""
+  attnkit translate --checkpoint en-mul.safetensors --target-tag cmn_Hans --input news.en   # multilingual
+  attnkit import --from transformer-xl transfo-xl-wt103 --out wt103.safetensors --trust-checkpoint
+  attnkit lm generate --checkpoint wt103.safetensors --prompt "The castle"
+
+Pickles (pytorch_model.bin, vocab.pkl, the reference's .pt files) are read only with --trust-checkpoint, and then
+weights-only (vocab.pkl as plain data): nothing in them runs. What comes out is safetensors."""
 
 
 def cmd_import(args, overrides: list[str]) -> None:
     """The output is checked before anything is read; the model is read and mapped, then written atomically."""
     ensure_new_output(args.out, args.force, "output file")
     from attnkit.checkpoint import save_checkpoint
+
+    if args.source_format == "transformer-xl":
+        from attnkit.formats import import_transformer_xl  # imports torch
+
+        ckpt = import_transformer_xl(args.source, vocab=args.vocab)
+        save_checkpoint(args.out, ckpt)
+        c, t = ckpt.config.model, ckpt.config.train
+        print(f"wrote {args.out} (a Transformer-XL of {c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads, "
+              f"vocabulary {c.vocab_size:,}{f', cutoffs {c.cutoffs}' if c.cutoffs else ''}; evaluated with segments "
+              f"of {t.tgt_len}, memory {t.mem_len}{f', clamp_len {t.clamp_len}' if t.clamp_len else ''}"
+              f"{', same_length' if c.same_length else ''}); try: attnkit lm generate --checkpoint {args.out}")
+        return
     from attnkit.data.tokenizer import SubwordTokenizer
     from attnkit.decode.translator import target_tags
     from attnkit.formats import import_marian  # imports torch

@@ -40,7 +40,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     verbs = lm.add_subparsers(dest="lm_verb", required=True, metavar="LM_VERB")
 
     p = verbs.add_parser("prepare", help="learn a vocabulary and encode a text corpus into id streams")
-    p.add_argument("--train", required=True, help="training text (plain or .gz)")
+    p.add_argument("--train", help="training text (plain or .gz); required unless --vocab-from gives the vocabulary")
     p.add_argument("--valid", help="validation text")
     p.add_argument("--test", help="test text")
     p.add_argument("--valid-fraction", type=float, default=0.0,
@@ -48,6 +48,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     p.add_argument("--level", choices=["char", "word", "subword"], default="char",
                    help="char: every character; word: whitespace tokens + <eos> per line; subword: sentencepiece")
     p.add_argument("--vocab-size", type=int, default=8000, help="subword level only")
+    p.add_argument("--vocab-from", metavar="CHECKPOINT",
+                   help="encode with this language model's vocabulary (and level) instead of learning one, so the "
+                        "checkpoint (e.g. one `attnkit import` wrote) can be scored on the text")
     p.add_argument("--out", required=True, help="folder for corpus.safetensors")
     p.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
@@ -110,8 +113,15 @@ def cmd_lm(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_prepare(args, overrides: list[str]) -> None:
     from attnkit.data.lm import prepare_lm
 
+    vocab = None
+    if args.vocab_from:
+        from attnkit.checkpoint import lm_vocab_of
+
+        vocab = lm_vocab_of(args.vocab_from)
+    elif not args.train:
+        raise AttnkitError("lm prepare: give --train (the text to learn the vocabulary from) or --vocab-from")
     corpus = prepare_lm(args.out, args.train, args.valid, args.test, level=args.level, vocab_size=args.vocab_size,
-                        valid_fraction=args.valid_fraction, force=args.force)
+                        valid_fraction=args.valid_fraction, force=args.force, vocab=vocab)
     print(corpus.summary())
     print(f"wrote {args.out}")
 
@@ -147,7 +157,8 @@ def cmd_eval(args, overrides: list[str]) -> None:
     model, vocab, cfg = load_lm_checkpoint(args.checkpoint, device)
     corpus = load_lm_corpus(args.data)
     if corpus.vocab.to_json() != vocab.to_json():
-        raise AttnkitError(f"{args.data} was prepared with another vocabulary than {args.checkpoint}")
+        raise AttnkitError(f"{args.data} was prepared with another vocabulary than {args.checkpoint} (prepare the "
+                           f"text with `attnkit lm prepare --vocab-from {args.checkpoint}`)")
     if args.split not in corpus.splits:
         raise AttnkitError(f"{args.data} has no {args.split} split")
     ids, t = corpus.splits[args.split], cfg.train

@@ -42,13 +42,15 @@ CORPUS_FILE = "corpus.safetensors"
 
 
 class LMVocab:
-    """Text <-> ids at one level. Char and word vocabularies are token lists (id = index, 0 = `<unk>`)."""
+    """Text <-> ids at one level. Char and word vocabularies are token lists (id = index); a token the list lacks is
+    read as `<unk>` (id 0 in the vocabularies attnkit builds; where an imported one keeps it)."""
 
     def __init__(self, level: str, tokens: list[str] | None = None, subword: SubwordTokenizer | None = None):
         if level not in LEVELS:
             raise ConfigError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
         self.level, self.tokens, self.subword = level, tokens or [], subword
         self.index = {tok: i for i, tok in enumerate(self.tokens)}
+        self.unk = self.index.get(UNK, 0)
 
     @classmethod
     def build(cls, lines: list[str], level: str, vocab_size: int = 8000) -> LMVocab:
@@ -72,7 +74,7 @@ class LMVocab:
             ids = [i for seq in self.subword.encode(lines) for i in [*seq, EOS_ID]]
         else:
             check_unicode(lines)
-            ids = [self.index.get(tok, 0) for tok in _units(lines, self.level)]
+            ids = [self.index.get(tok, self.unk) for tok in _units(lines, self.level)]
         return np.asarray(ids, dtype=np.int32)
 
     def decode(self, ids: list[int]) -> str:
@@ -154,10 +156,11 @@ def load_lm_corpus(data_dir: str | os.PathLike) -> LMCorpus:
     return LMCorpus(vocab, {name: torch.from_numpy(a.astype(np.int64)) for name, a in arrays.items()})
 
 
-def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike, valid: str | os.PathLike | None = None,
+def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike | None, valid: str | os.PathLike | None = None,
                test: str | os.PathLike | None = None, *, level: str = "char", vocab_size: int = 8000,
-               valid_fraction: float = 0.0, force: bool = False) -> LMCorpus:
-    """Read text files (plain or .gz), learn the vocabulary on train, encode every split, save.
+               valid_fraction: float = 0.0, force: bool = False, vocab: LMVocab | None = None) -> LMCorpus:
+    """Read text files (plain or .gz), learn the vocabulary on train (or take `vocab`: a model's, so that its
+    checkpoint scores the splits), encode every split given, save.
 
     Without a valid file, `valid_fraction` > 0 holds out the end of train: the last fraction of its
     characters (char level: the vocabulary is then the whole file's, as nanoGPT's Shakespeare) or of its
@@ -166,16 +169,20 @@ def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike, valid: str 
     ensure_new_output(out_dir, force, "output folder")
     if valid_fraction and not 0 < valid_fraction < 1:
         raise ConfigError(f"valid fraction must be between 0 and 1, got {valid_fraction}")
-    train_lines = read_lines(train)
-    hold_out = not valid and valid_fraction > 0
+    if train is None and vocab is None:
+        raise ConfigError("prepare needs the training text to learn a vocabulary from (or a model's vocabulary)")
+    level = vocab.level if vocab is not None else level
+    train_lines = read_lines(train) if train is not None else None
+    hold_out = not valid and valid_fraction > 0 and train_lines is not None
     valid_lines = read_lines(valid) if valid else None
     if hold_out and level != "char":
         cut = int(len(train_lines) * (1 - valid_fraction))
         train_lines, valid_lines = train_lines[:cut], train_lines[cut:]
-    try:
-        vocab = LMVocab.build(train_lines, level, vocab_size)
-    except DataError as e:  # e.g. sentencepiece finding no line it can learn from
-        raise DataError(f"{train}: {e}") from None
+    if vocab is None:
+        try:
+            vocab = LMVocab.build(train_lines, level, vocab_size)
+        except DataError as e:  # e.g. sentencepiece finding no line it can learn from
+            raise DataError(f"{train}: {e}") from None
     splits = {"train": train_lines, "valid": valid_lines, "test": read_lines(test) if test else None}
     ids = {name: torch.from_numpy(vocab.encode(lines).astype(np.int64))
            for name, lines in splits.items() if lines is not None}

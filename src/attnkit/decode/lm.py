@@ -191,25 +191,35 @@ def prompt_ids(vocab, prompt: str, device: torch.device | str = "cpu") -> torch.
     return torch.as_tensor(ids[:-1] if len(ids) > 1 else ids, dtype=torch.long, device=device)[None]
 
 
+def continuation(vocab, last: int, ids: list[int]) -> str:
+    """The text tokens `ids` add after a prompt whose last token is `last`: decoded after it, so that the space a
+    word-level or sentencepiece vocabulary puts between tokens stands between the prompt and the first of them."""
+    before, text = vocab.decode([last]), vocab.decode([last, *ids])
+    return text[len(before):] if text.startswith(before) else vocab.decode(ids)
+
+
 def sample_text(model: LanguageModel, vocab, cfg, prompt: str, length: int, *, mem_len: int | None = None,
                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                 on_text: Callable[[str], None] | None = None) -> str:
     """`length` tokens sampled after `prompt` with a generator seeded by `seed` (`attnkit lm generate` and the
     service's POST /generate), read by the model's `context_rule` (`mem_len`: its memory, or a vanilla LM's
-    window): the continuation's text. `on_text` gets the text each token adds as it is drawn."""
+    window): the continuation's text, to be appended to the prompt. `on_text` gets the text each token adds as it
+    is drawn."""
     device = next(model.parameters()).device
+    start = prompt_ids(vocab, prompt, device)  # (1, P)
+    last = int(start[0, -1])
     ids: list[int] = []
     shown = ""
 
     def emit(token: torch.Tensor) -> None:  # token (1, 1)
         nonlocal shown
         ids.append(int(token[0, 0]))
-        text = vocab.decode(ids)
+        text = continuation(vocab, last, ids)
         delta, shown = (text[len(shown):], text) if text.startswith(shown) else (text, text)
         on_text(delta)
 
     generator = torch.Generator(device=device).manual_seed(seed)
-    out = generate(model, prompt_ids(vocab, prompt, device), length, context_rule(model.kind, cfg, mem_len),
+    out = generate(model, start, length, context_rule(model.kind, cfg, mem_len),
                    temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                    on_token=emit if on_text is not None else None)
-    return vocab.decode(out[0].tolist())
+    return continuation(vocab, last, out[0].tolist())

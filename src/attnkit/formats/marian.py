@@ -58,6 +58,7 @@ from attnkit.formats.marian_folder import (
 from attnkit.formats.marian_vocab import Side, read_sides, read_spm, side_tokenizer
 from attnkit.io import atomic_folder, ensure_new_output
 from attnkit.models import Transformer
+from attnkit.nn.positions import halves_order as stream_order  # attnkit's channel j is Marian's order[j]
 from attnkit.nn.positions import sinusoid_table
 
 # Added to a logit that must take no probability: exp(-1e4) is 0 in float32, and the logit stays a finite number.
@@ -71,13 +72,6 @@ MAX_LEN_A, MAX_LEN_B = 3.0, 10
 
 
 # --- the one name-mapping table -----------------------------------------------------------------------------------
-def stream_order(d_model: int) -> torch.Tensor:
-    """(D,) attnkit's channel j of the residual stream is Marian's channel order[j]: sin_i sits at 2i in attnkit,
-    at i in Marian; cos_i at 2i + 1 and D/2 + i."""
-    half = torch.arange(d_model // 2)
-    return torch.stack([half, half + d_model // 2], dim=1).flatten()  # (D/2, 2) -> (D,)
-
-
 def _attention(a: str, h: str) -> list[tuple[str, tuple[str, ...], str]]:
     return [(f"{a}.in_proj.weight", tuple(f"{h}.{p}_proj.weight" for p in "qkv"), READS),
             (f"{a}.in_proj.bias", tuple(f"{h}.{p}_proj.bias" for p in "qkv"), AS_IS),

@@ -1,58 +1,24 @@
-"""Reading a Hugging Face `MarianMTModel` folder's files: config.json (`read_config`, what attnkit reads of it as a
-`MarianConfig`), the weights (`read_weights`: model.safetensors, its shards, or a trusted pytorch_model.bin),
-tokenizer_config.json, and where the folder is (`resolve_source`: local, or huggingface_hub's cache). Every
-malformed file or field is one line naming the file and the field. The vocabularies and sentencepiece models are
-read by `attnkit.formats.marian_vocab`; the mapping onto attnkit's model is `attnkit.formats.marian`'s.
+"""Reading a Hugging Face `MarianMTModel` folder: config.json (`read_config`, what attnkit reads of it as a
+`MarianConfig`), the weights (`read_weights`: model.safetensors, its shards, or a trusted pytorch_model.bin, as
+`Weights` checked by name and shape), tokenizer_config.json; the files themselves are read by
+`attnkit.formats.folder`, and every malformed file or field is one line naming the file and the field. The
+vocabularies and sentencepiece models are read by `attnkit.formats.marian_vocab`; the mapping onto attnkit's model
+is `attnkit.formats.marian`'s.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 
-from attnkit.checkpoint import require_trust
 from attnkit.errors import CheckpointError
+from attnkit.formats.folder import field, read_json, read_state, resolve_source
 
+_field = partial(field, owner="a MarianMTModel")
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # HF's gelu is erf's, as F.gelu
-
-
-def read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file ({what})")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, not {type(data).__name__}")
-    return data
-
-
-_REQUIRED = object()
-_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _field(cfg: dict, name: str, path: Path, tp: type, default: Any = _REQUIRED) -> Any:
-    """config[name] of type `tp`, or `default` where it is absent (or null); one line naming the file and field."""
-    value = cfg.get(name)
-    if value is None:
-        if default is _REQUIRED:
-            raise CheckpointError(f"{path}: no field '{name}' (a MarianMTModel's config.json has it)")
-        return default
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise CheckpointError(f"{path}: field '{name}' is {value!r}, not {_KINDS[tp]}")
-    if tp is int and value < 0:
-        raise CheckpointError(f"{path}: field '{name}' is {value}, not a count or id")
-    return value
 
 
 @dataclass(frozen=True)
@@ -147,64 +113,9 @@ class Weights:
         return self.get(next((n for n in names if self.has(n)), names[0]), shape)
 
 
-def _safetensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return st_load(path.read_bytes())
-    except (SafetensorError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {e}") from None
-
-
-def _pickled(path: Path) -> dict[str, torch.Tensor]:
-    """pytorch_model.bin, a pickle: refused unless trusted (attnkit.checkpoint's rule), then read weights-only."""
-    require_trust(path, "reads model.safetensors")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
-        raise CheckpointError(f"{path}: not a readable torch.save file (truncated or corrupt?): "
-                              f"{' '.join(str(e).split())[:300]}") from None
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise CheckpointError(f"{path}: not a state dict of tensors")
-    return state
-
-
 def read_weights(folder: Path) -> Weights:
     """model.safetensors, its shards (model.safetensors.index.json), or pytorch_model.bin (when trusted)."""
-    single, index, pickled = (folder / n for n in ("model.safetensors", "model.safetensors.index.json",
-                                                    "pytorch_model.bin"))
-    if single.is_file():
-        return Weights(_safetensors(single), single)
-    if index.is_file():
-        shards = read_json(index, "the list of weight shards").get("weight_map")
-        if not isinstance(shards, dict):
-            raise CheckpointError(f"{index}: no field 'weight_map'")
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in dict.fromkeys(shards.values()):
-            if not (folder / str(shard)).is_file():
-                raise CheckpointError(f"{index}: its shard {shard} is missing")
-            tensors.update(_safetensors(folder / str(shard)))
-        return Weights(tensors, index)
-    if pickled.is_file():
-        return Weights(_pickled(pickled), pickled)
-    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (the weights)")
-
-
-def resolve_source(source: str | os.PathLike) -> Path:
-    """A local folder (or a file in one); else a Hugging Face hub name, from huggingface_hub's cache only."""
-    path = Path(source)
-    if path.is_dir():
-        return path
-    if path.is_file():
-        return path.parent
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise CheckpointError(f"no such folder: {source}") from None
-    try:
-        return Path(snapshot_download(repo_id=str(source), local_files_only=True))
-    except Exception as e:  # noqa: BLE001 - huggingface_hub answers a name it cannot find offline in many ways
-        raise CheckpointError(f"{source}: no such folder, nor a model in the Hugging Face cache ({type(e).__name__}); "
-                              f"attnkit reads models offline: download it first (hf download {source} --local-dir "
-                              "DIR) and import DIR") from None
+    return Weights(*read_state(folder))
 
 
 def read_tokenizer_config(folder: Path) -> dict:

@@ -19,6 +19,14 @@ def sinusoid_table(n_positions: int, d_model: int) -> torch.Tensor:
     return table
 
 
+def halves_order(d_model: int) -> torch.Tensor:
+    """(D,) where the other common layout of the same sinusoid (sines in channels [0, D/2), cosines in [D/2, D): the
+    Transformer-XL reference, Marian, fairseq) keeps attnkit's channel j: sin_i sits at 2i here and at i there, cos_i
+    at 2i + 1 and D/2 + i. So table_halves[:, halves_order(D)] == sinusoid_table (at equal frequencies)."""
+    half = torch.arange(d_model // 2)
+    return torch.stack([half, half + d_model // 2], dim=1).flatten()  # (D/2, 2) -> (D,)
+
+
 class SinusoidalPositions(nn.Module):
     """Adds PE[offset : offset + T] to (B, T, D) inputs; grows its table when a longer input comes."""
 
