@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The Transformer-XL claims of docs/claims.md on one corpus, one after another, each timed (wall, peak RSS) into
+# benchmarks/results/claims/: xl-table6 trains the six models, recl reuses them, planted-recall trains its four.
+#   bash benchmarks/results/claims/xl-claims.sh ts    # tiny-shakespeare, 3,000 updates (~2 h on 2 cores)
+#   bash benchmarks/results/claims/xl-claims.sh wt2   # wikitext-2, 6,000 updates (~3.5 h)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+case "${1:?ts or wt2}" in
+    ts) data=tiny-shakespeare; updates=3000; tokens=2048 ;;
+    wt2) data=wikitext-2; updates=6000; tokens=4096 ;;
+    *) echo "usage: $0 ts|wt2" >&2; exit 2 ;;
+esac
+out=runs/xl-$1; logs=benchmarks/results/claims
+run() {  # NAME ARGS...: one experiment, its output and /usr/bin/time's figures in NAME.log
+    local name=$1; shift
+    /usr/bin/time -v -o "$logs/$name.time" python3 -m attnkit experiment "$@" > "$logs/$name.log" 2>&1
+    grep -E "Elapsed|Maximum resident" "$logs/$name.time" >> "$logs/$name.log"; rm "$logs/$name.time"
+}
+run "xl-table6-$1" xl-table6 --data "$data" --out "$out" --updates "$updates"
+run "recl-$1" recl --data "$data" --out "$out" --updates "$updates" --tokens "$tokens"
+run "planted-recall-$1" planted-recall --data "$data" --out "$out" --updates "$updates"
