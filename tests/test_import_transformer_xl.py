@@ -254,3 +254,28 @@ def test_every_lm_verb_runs_on_an_imported_model(folders, tmp_path, capsys):
                  "--seed", "0"]) == 0
     words = capsys.readouterr().out.split()
     assert words[:2] == ["w3", "w4"] and all(w in SYMBOLS for w in words), words
+
+
+def test_the_service_and_its_explorer_run_an_imported_model(folders, tmp_path, capsys):
+    """POST /generate streams what `attnkit lm generate` prints (spaces between words), POST /explore shows the
+    imported model's self-attention over [memory | segment]."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from attnkit.serve.lm_app import create_lm_app
+    from serving import events, running
+
+    folder, _ = folders["wt103-like: div_val 2, untied cluster-0 projection, u/v per layer"]
+    ckpt = tmp_path / "xl.safetensors"
+    assert main(["import", "--from", "transformer-xl", str(folder), "--out", str(ckpt), "--trust-checkpoint"]) == 0
+    capsys.readouterr()
+    assert main(["lm", "generate", "--checkpoint", str(ckpt), "--prompt", "w3 w4", "--length", "8", "--seed", "3"]) == 0
+    printed = capsys.readouterr().out
+    with running(create_lm_app(*load_lm_checkpoint(ckpt), max_output_tokens=16)) as url:
+        with httpx.stream("POST", url + "/generate", json={"prompt": "w3 w4", "length": 8, "seed": 3},
+                          timeout=60) as r:
+            streamed = "".join(d["text"] for name, d in events(r) if name == "token")
+        explored = httpx.post(url + "/explore", json={"text": " ".join(SYMBOLS[2:30])}, timeout=60)
+    assert "w3 w4" + streamed + "\n" == printed, printed
+    assert explored.status_code == 200
+    self_view = explored.json()["items"][0]["hypotheses"][0]["kinds"]["self"]
+    assert len(self_view["layers"]) == 3 and self_view["keys"][-3:] == SYMBOLS[27:30], self_view["keys"]
