@@ -236,7 +236,8 @@ def test_a_malformed_model_is_one_line_naming_file_and_field(folders, tmp_path, 
 
 
 def test_every_lm_verb_runs_on_an_imported_model(folders, tmp_path, capsys):
-    """import, then prepare text with the model's vocabulary, lm eval (with the cache too), lm generate."""
+    """import, then prepare text with the model's vocabulary, lm eval (with the cache too), lm generate, lm speed
+    on the imported architecture."""
     folder, out = folders["wt103-like: div_val 2, untied cluster-0 projection, u/v per layer"]
     ckpt = tmp_path / "xl.safetensors"
     assert main(["import", "--from", "transformer-xl", str(folder), "--out", str(ckpt), "--trust-checkpoint"]) == 0
@@ -254,6 +255,9 @@ def test_every_lm_verb_runs_on_an_imported_model(folders, tmp_path, capsys):
                  "--seed", "0"]) == 0
     words = capsys.readouterr().out.split()
     assert words[:2] == ["w3", "w4"] and all(w in SYMBOLS for w in words), words
+    assert main(["lm", "speed", "--checkpoint", str(ckpt), "--lengths", "16", "32", "--runs", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "d_model 16, 3 layers" in table and len([r for r in table.splitlines() if r.startswith("| 32 ")]) == 1, table
 
 
 def test_the_service_and_its_explorer_run_an_imported_model(folders, tmp_path, capsys):

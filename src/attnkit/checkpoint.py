@@ -232,6 +232,11 @@ def lm_vocab_of(path: str | Path) -> LMVocab:
     return LMVocab.from_bytes(_lm_checkpoint(path).tokenizers[LM_VOCAB])
 
 
+def lm_config_of(path: str | Path) -> cfgmod.LMRunConfig:
+    """A language model's run config, without building the model."""
+    return _lm_checkpoint(path).config
+
+
 def _read_metadata(data: bytes) -> dict[str, str]:
     """The safetensors header: 8-byte little-endian length, then JSON with `__metadata__`."""
     n = int.from_bytes(data[:8], "little")

@@ -100,6 +100,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     s.add_argument("--recompute", action="store_true",
                    help="also time Transformer-XL as its reference evaluates: the memory's keys/values and the "
                         "position keys computed again every segment (attnkit keeps them); both speed-ups in one table")
+    s.add_argument("--checkpoint", help="time this language model's architecture (one `attnkit import` wrote, say) "
+                                        "instead of --config's; the vanilla LM is the same network with absolute "
+                                        "positions (the weights do not change the time)")
     s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     add_device_option(s, "cpu")
     return {"lm": cmd_lm}
@@ -225,6 +228,13 @@ def cmd_speed(args, overrides: list[str]) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = cfgmod.resolve(args.config, overrides, cls=cfgmod.LMRunConfig)
+    if args.checkpoint:
+        from attnkit.checkpoint import lm_config_of
+
+        cfg = lm_config_of(args.checkpoint)
+        if not isinstance(cfg.model, cfgmod.TransformerXLConfig):
+            raise AttnkitError(f"lm speed times Transformer-XL against the vanilla LM; {args.checkpoint} holds a "
+                               f"{cfg.model.kind}")
     if min(args.lengths) < 1 or args.runs < 1 or args.vanilla_tokens < 0:
         raise AttnkitError("lm speed: --lengths and --runs must be positive, --vanilla-tokens not negative")
     rows = speed_table(cfg.model, tuple(args.lengths), runs=args.runs, device=args.device, recompute=args.recompute)
