@@ -41,7 +41,7 @@ BASE = dict(vocab_size=len(SYMBOLS), d_model=16, d_embed=16, n_head=2, d_head=8,
 CASES = {  # the layouts of the released models and the reference's defaults
     "wt103-like: div_val 2, untied cluster-0 projection, u/v per layer":
         dict(cutoffs=[8, 20], div_val=2, untie_r=True),
-    "div_val 1, shared u/v": dict(cutoffs=[8, 20], div_val=1, untie_r=False),
+    "div_val 1, shared u/v, clamp_len -1 (none)": dict(cutoffs=[8, 20], div_val=1, untie_r=False, clamp_len=-1),
     "one softmax, same_length, clamp_len": dict(cutoffs=[], div_val=1, untie_r=True, same_length=True, clamp_len=4),
     "d_embed 12, projected at div_val 1": dict(cutoffs=[8, 20], div_val=1, d_embed=12, untie_r=False),
 }
@@ -100,8 +100,8 @@ def test_imported_model_computes_what_hugging_face_computes(folders, tmp_path, n
     assert (c.n_layers, c.d_model, c.n_heads, c.d_ff, c.vocab_size) == (3, 16, 2, 24, len(SYMBOLS))
     assert (c.cutoffs, c.div_val, c.share_uv) == (CASES[name]["cutoffs"], CASES[name]["div_val"],
                                                  not CASES[name]["untie_r"])
-    assert c.same_length == CASES[name].get("same_length", False) and cfg.train.clamp_len == CASES[name].get(
-        "clamp_len", 0)
+    assert c.same_length == CASES[name].get("same_length", False) and cfg.train.clamp_len == max(0, CASES[name].get(
+        "clamp_len", 0))
     assert c.tie_output == (CASES[name]["div_val"] == 1 and "d_embed" not in CASES[name])
     assert vocab.tokens == SYMBOLS and vocab.unk == 1
     lp_err, mem_err = errors(model, cfg, out)
@@ -135,7 +135,7 @@ def test_the_check_fails_when_a_mapping_changes(folders, tmp_path, monkeypatch, 
 def test_the_vocabulary_is_the_tokenizers_and_an_offset_shows(folders, tmp_path, monkeypatch):
     """vocab.pkl as TransfoXLTokenizer saves it (its whole state, sacremoses objects and all) gives its idx2sym; a
     vocabulary shifted by one encodes every word to another id."""
-    folder, _ = folders["div_val 1, shared u/v"]
+    folder, _ = folders["div_val 1, shared u/v, clamp_len -1 (none)"]
     _, vocab, _ = imported(folder, tmp_path)
     line = "w3 w17 nosuchword w0"
     assert vocab.encode([line]).tolist() == [SYMBOLS.index(w) if w in SYMBOLS else 1 for w in line.split()] + [0]
@@ -215,6 +215,7 @@ MALFORMED = {
     "pre-LN": (_edit_config(pre_lnorm=True), "config.json: field 'pre_lnorm' is true"),
     "another model": (_edit_config(model_type="marian"), "config.json: field 'model_type' is 'marian'"),
     "a field of the wrong type": (_edit_config(same_length="yes"), "config.json: field 'same_length' is 'yes'"),
+    "a clamp_len that is not a number": (_edit_config(clamp_len="all"), "config.json: field 'clamp_len' is 'all'"),
     "sizes that disagree": (_edit_config(n_layer=5), "config.json: field 'n_layer' is 5, the weights' layers 3"),
     "a short vocabulary": (lambda f: (f / "vocab.pkl").unlink() or (f / "vocab.txt").write_text("a\nb\n"),
                            "vocab.txt: 2 symbols for a model of 40 words"),

@@ -401,7 +401,9 @@ def import_transformer_xl(source: str | os.PathLike, *, vocab: str | os.PathLike
     symbols, vocab_path = read_vocab(folder, vocab)
     if len(symbols) != shape.vocab_size:
         raise CheckpointError(f"{vocab_path}: {len(symbols):,} symbols for a model of {shape.vocab_size:,} words")
-    clamp = field(cfg, "clamp_len", cfg_path, int, 0) if (cfg.get("clamp_len") or 0) > 0 else 0
+    raw = cfg.get("clamp_len")  # the reference's "none" is 0 or -1
+    clamp = 0 if isinstance(raw, int) and not isinstance(raw, bool) and raw < 0 else field(cfg, "clamp_len", cfg_path,
+                                                                                         int, 0)
     config = TransformerXLConfig(
         kind="transformer-xl", vocab_size=shape.vocab_size, d_model=shape.d_model, n_heads=shape.n_heads,
         d_ff=shape.d_ff, n_layers=shape.n_layers, dropout=field(cfg, "dropout", cfg_path, float, 0.1),
