@@ -285,28 +285,31 @@ def infer_shape(t: Tensors, cfg: dict, path: Path) -> XLShape:
 
 
 # --- the mapping ------------------------------------------------------------------------------------------------------
-def _words(t: Tensors, s: XLShape, side: str) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """One side's word vectors per cluster as the reference holds them: tables (V_i, D_i) and projections (D, D_i)
-    or None. side "in" is the adaptive input; "out" the softmax's, each missing tensor the input's (tied)."""
+def _input_words(t: Tensors, s: XLShape) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The adaptive input's word vectors per cluster as the reference holds them: tables (V_i, D_i) and projections
+    (D, D_i) or None."""
     b = s.bounds
-    if side == "out":
-        tables_in, projs_in = _words(t, s, "in")
-        n = len(tables_in)
-        full = t.get("crit.out_layers.0.weight", (s.vocab_size, s.d_embed)) if s.div_val == 1 and t.has(
-            "crit.out_layers.0.weight") else None  # div_val 1: one table, sliced by cluster as the input's
-        tables = [full[b[i]:b[i + 1]] if full is not None else
-                  t.get(f"crit.out_layers.{i}.weight", tuple(tables_in[i].shape))
-                  if t.has(f"crit.out_layers.{i}.weight") else tables_in[i] for i in range(n)]
-        # one projection per cluster, div_val 1 too (there each of them d_embed wide); missing: tied to the input's
-        projs = [t.get(f"crit.out_projs.{i}", (s.d_model, tables[i].shape[1]))
-                 if t.has(f"crit.out_projs.{i}") else projs_in[i] for i in range(n)]
-        return tables, projs
     if s.div_val == 1:
         full = t.get("word_emb.emb_layers.0.weight", (s.vocab_size, s.d_embed))
         proj = t.get("word_emb.emb_projs.0", (s.d_model, s.d_embed)) if t.has("word_emb.emb_projs.0") else None
         return [full[b[i]:b[i + 1]] for i in range(len(b) - 1)], [proj] * (len(b) - 1)
     tables = [t.get(f"word_emb.emb_layers.{i}.weight") for i in range(len(b) - 1)]
     return tables, [t.get(f"word_emb.emb_projs.{i}", (s.d_model, tables[i].shape[1])) for i in range(len(b) - 1)]
+
+
+def _output_words(t: Tensors, s: XLShape, tables_in: list[torch.Tensor], projs_in: list[torch.Tensor | None]
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The softmax's word vectors per cluster, each tensor the checkpoint lacks the input's (tied)."""
+    b, n = s.bounds, len(tables_in)
+    full = t.get("crit.out_layers.0.weight", (s.vocab_size, s.d_embed)) if s.div_val == 1 and t.has(
+        "crit.out_layers.0.weight") else None  # div_val 1: one table, sliced by cluster as the input's
+    tables = [full[b[i]:b[i + 1]] if full is not None else
+              t.get(f"crit.out_layers.{i}.weight", tuple(tables_in[i].shape))
+              if t.has(f"crit.out_layers.{i}.weight") else tables_in[i] for i in range(n)]
+    # one projection per cluster, div_val 1 too (there each of them d_embed wide)
+    projs = [t.get(f"crit.out_projs.{i}", (s.d_model, tables[i].shape[1]))
+             if t.has(f"crit.out_projs.{i}") else projs_in[i] for i in range(n)]
+    return tables, projs
 
 
 def _attnkit_words(tables: list[torch.Tensor], projs: list[torch.Tensor | None], s: XLShape, prefix: str
@@ -362,8 +365,8 @@ def _layer(t: Tensors, s: XLShape, i: int) -> dict[str, torch.Tensor]:
 
 def map_state(t: Tensors, s: XLShape) -> tuple[dict[str, torch.Tensor], bool]:
     """attnkit's state dict, and whether the output's word vectors are the input's (tie_output)."""
-    tables_in, projs_in = _words(t, s, "in")
-    tables_out, projs_out = _words(t, s, "out")
+    tables_in, projs_in = _input_words(t, s)
+    tables_out, projs_out = _output_words(t, s, tables_in, projs_in)
     state = _attnkit_words(tables_in, projs_in, s, "embed")
     output = _attnkit_words(tables_out, projs_out, s, "out_proj")
     tied = all(torch.equal(output[f"out_proj.{k.removeprefix('embed.')}"], v) for k, v in state.items())
