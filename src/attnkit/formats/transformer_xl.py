@@ -101,6 +101,12 @@ class Tensors:
                                   f"{shape}")
         return t.float()
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, read without converting it."""
+        if name not in self.named:
+            self.get(name)  # the one-line error
+        return tuple(self.named[name][1].shape)
+
     def count(self, pattern: str) -> int:
         """How many of pattern.format(0), pattern.format(1), ... exist (without a gap)."""
         i = 0
@@ -159,14 +165,12 @@ def _symbols_of_pickle(path: Path) -> list[str]:
     """vocab.pkl / vocab.bin: the pickled tokenizer state of Hugging Face's TransfoXLTokenizer (a plain pickle, read
     by attnkit.formats.inert_pickle) or the same dict through torch.save (read weights-only)."""
     data = path.read_bytes()
-    obj = read_pickled(path, "reads a vocab.txt (a symbol per line)") if data[:2] == b"PK" else None
-    if obj is None:
-        try:
-            obj = inert_pickle.loads(data)
-        except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
-            raise CheckpointError(f"{path}: not a readable pickle (truncated or corrupt?): {e}") from None
-        if isinstance(obj, int):  # a legacy torch.save file begins with a pickled magic number
-            obj = read_pickled(path, "reads a vocab.txt (a symbol per line)")
+    try:
+        obj = None if data[:2] == b"PK" else inert_pickle.loads(data)  # PK: torch.save's zip
+    except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
+        raise CheckpointError(f"{path}: not a readable pickle (truncated or corrupt?): {e}") from None
+    if obj is None or isinstance(obj, int):  # a legacy torch.save file begins with a pickled magic number
+        obj = read_pickled(path, "reads a vocab.txt (a symbol per line)")
     symbols = inert_pickle.state_of(obj).get("idx2sym")
     if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
         raise CheckpointError(f"{path}: no field 'idx2sym' (the list of symbols a TransfoXLTokenizer saves)")
@@ -210,14 +214,14 @@ class XLShape:
 def _uv(t: Tensors, n_layers: int) -> tuple[str, int, int]:
     """Where u, v are kept and (H, Dh)."""
     if t.has("r_w_bias"):
-        shape = tuple(t.get("r_w_bias").shape)
+        shape = t.shape("r_w_bias")
         if len(shape) == 3 and shape[0] == n_layers:
             return "stacked", shape[1], shape[2]
         if len(shape) == 2:
             return "model", *shape
         raise CheckpointError(f"{t.path}: tensor 'r_w_bias' has shape {shape}, not (heads, head size) or "
                               f"({n_layers} layers, heads, head size)")
-    return "layers", *tuple(t.get("layers.0.dec_attn.r_w_bias").shape)
+    return "layers", *t.shape("layers.0.dec_attn.r_w_bias")
 
 
 def _refuse_other_kinds(t: Tensors, cfg: dict, path: Path) -> None:
@@ -237,9 +241,9 @@ def _clusters(t: Tensors, cfg: dict, path: Path) -> tuple[int, list[int], int, i
     n_tables = t.count("word_emb.emb_layers.{}.weight")
     if n_tables == 0:
         t.get("word_emb.emb_layers.0.weight")  # the one-line error
-    shapes = [tuple(t.get(f"word_emb.emb_layers.{i}.weight").shape) for i in range(n_tables)]
+    shapes = [t.shape(f"word_emb.emb_layers.{i}.weight") for i in range(n_tables)]
     d_embed = shapes[0][1]
-    n_tail = tuple(t.get("crit.cluster_weight").shape)[0] if t.has("crit.cluster_weight") else 0
+    n_tail = t.shape("crit.cluster_weight")[0] if t.has("crit.cluster_weight") else 0
     if n_tables > 1:
         sizes = [s[0] for s in shapes]
         cutoffs = [sum(sizes[: i + 1]) for i in range(n_tables - 1)]
@@ -266,7 +270,7 @@ def infer_shape(t: Tensors, cfg: dict, path: Path) -> XLShape:
     n_layers = t.count("layers.{}.dec_attn.qkv_net.weight")
     if n_layers == 0:
         t.get("layers.0.dec_attn.qkv_net.weight")
-    qkv = tuple(t.get("layers.0.dec_attn.qkv_net.weight").shape)
+    qkv = t.shape("layers.0.dec_attn.qkv_net.weight")
     d_model = qkv[1]
     where, heads, head_dim = _uv(t, n_layers)
     if heads * head_dim != d_model or qkv[0] != 3 * d_model:
@@ -280,7 +284,7 @@ def infer_shape(t: Tensors, cfg: dict, path: Path) -> XLShape:
                               ("vocab_size", vocab, "vocabulary"), ("div_val", div_val, "div_val")):
         if cfg.get(name) is not None and field(cfg, name, path, int) != value:
             raise CheckpointError(f"{path}: field '{name}' is {cfg[name]}, the weights' {have} {value}")
-    d_ff = tuple(t.get("layers.0.pos_ff.CoreNet.0.weight").shape)[0]
+    d_ff = t.shape("layers.0.pos_ff.CoreNet.0.weight")[0]
     return XLShape(n_layers, d_model, heads, d_ff, vocab, cutoffs, div_val, d_embed, where)
 
 
