@@ -139,7 +139,8 @@ def test_int8_export_runs_and_mostly_agrees(engines, trained, tmp_path):
 
 
 VARIANTS = [dict(norm_first=True, activation="gelu"), dict(share_embeddings=False, tie_output=False, tgt_vocab_size=30),
-            dict(n_encoder_layers=1, n_decoder_layers=3)]
+            dict(n_encoder_layers=1, n_decoder_layers=3), dict(positions="learned", max_positions=20),
+            dict(positions="none")]
 if "output_projection" in TransformerConfig.__dataclass_fields__:  # Kyubyong Park's switches, where attnkit has them
     VARIANTS.append(dict(output_projection=False, layer_norm_eps=1e-8, zero_pad_positions=True))
 
@@ -147,7 +148,8 @@ if "output_projection" in TransformerConfig.__dataclass_fields__:  # Kyubyong Pa
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_every_variant_of_the_network_exports_exactly(variant, tmp_path):
     """Forced decoding of random targets through CTranslate2's network and attnkit's: pre-LN with its final
-    LayerNorms and GELU, separate and untied tables, unequal stacks (and attention without W^O, another epsilon)."""
+    LayerNorms and GELU, separate and untied tables, unequal stacks, learned positions and none (and attention
+    without W^O, another epsilon)."""
     import ctranslate2
 
     torch.manual_seed(0)

@@ -24,6 +24,9 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 RETIRED = {"model": {"pad_id": PAD_ID}}
 # The FFN activations: relu (the paper), gelu (erf, as F.gelu), swish = SiLU, x * sigmoid(x) (Marian's)
 ACTIVATIONS = ("relu", "gelu", "swish")
+# Absolute positions added to the embeddings: sinusoidal (the paper's section 3.5), learned (a trained row per
+# position, ConvS2S / BERT; at most max_positions) or none (order-blind: the encoder is permutation-equivariant)
+POSITIONS = ("sinusoidal", "learned", "none")
 
 
 def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
@@ -34,11 +37,13 @@ def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
 
 
 def _check_heads(cfg: Any) -> None:
-    """d_model splits evenly into heads; the FFN activation is one attnkit has."""
+    """d_model splits evenly into heads; the FFN activation and the positions are ones attnkit has."""
     if cfg.d_model % cfg.n_heads:
         raise ConfigError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
     if cfg.activation not in ACTIVATIONS:
         raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, not {cfg.activation!r}")
+    if cfg.positions not in POSITIONS:
+        raise ConfigError(f"model.positions must be one of {', '.join(POSITIONS)}, not {cfg.positions!r}")
 
 
 def _check_fractions(cfg: Any, *names: str) -> None:
@@ -68,6 +73,7 @@ class TransformerConfig:
     tie_output: bool = True  # output projection = target embedding matrix
     output_bias: bool = False  # a learned bias on the vocabulary logits (`out_bias`; Marian's final_logits_bias)
     max_positions: int = 1024
+    positions: str = "sinusoidal"  # sinusoidal (section 3.5) | learned (a row per position, ConvS2S / BERT) | none
     # Structural switches; the defaults are the paper's model, the other values those of Kyubyong Park's TensorFlow
     # Transformer (docs/kyubyong.md, the `kyubyong` preset).
     output_projection: bool = True  # W^O after concatenating the heads (section 3.2.2); false: the concatenation
@@ -291,7 +297,9 @@ class TransformerXLConfig:
     # per layer (the reference's untie_r, which its TF scripts and released WikiText-103 / LM1B models use)
     share_uv: bool = False
     tie_output: bool = True  # output word vectors = input embedding (with cutoffs: tables and projections per cluster)
-    max_positions: int = 1024  # vanilla: the absolute-position table grows beyond this when needed
+    max_positions: int = 1024  # vanilla: the sinusoids extend beyond this when needed, learned rows cannot
+    # vanilla: sinusoidal | learned | none absolute positions (the XL's relative positions are sinusoids, always)
+    positions: str = "sinusoidal"
     # Adaptive input + adaptive softmax over the frequency-sorted vocabulary: cluster boundaries (ids below
     # cutoffs[0] are the head's shortlist; [] = one table and the full softmax), and the embedding size of
     # cluster i is d_model // div_val**i (Transformer-XL's div_val; 1 = full size everywhere).
@@ -304,6 +312,9 @@ class TransformerXLConfig:
                               f"not {self.kind!r}")
         _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions")
         _check_heads(self)
+        if self.kind == "transformer-xl" and self.positions != "sinusoidal":
+            raise ConfigError(f"model.positions={self.positions!r}: Transformer-XL's relative positions are "
+                              "sinusoids (section 3.3); other absolute positions are for the vanilla kinds")
         _check_clusters(self)
 
 

@@ -9,8 +9,9 @@ The config's structural switches (all off by default: the paper's model) give Ky
 Transformer (docs/kyubyong.md): `output_projection: false` builds every attention as `ConcatHeadsAttention`
 (no W^O), `sublayer_dropout: false` keeps `dropout` on the embeddings only, `layer_norm_eps` sets every
 LayerNorm's epsilon, and `zero_pad_positions: true` adds no positional encoding at padding positions.
-What a Marian (opus-mt) model needs besides: `activation: swish` (SiLU in the FFN) and `output_bias: true`
-(a bias on the vocabulary logits, Marian's final_logits_bias).
+`positions: learned` trains a row per position (ConvS2S, BERT) in place of the sinusoids. What a Marian (opus-mt)
+model needs besides: `activation: swish` (SiLU in the FFN) and `output_bias: true` (a bias on the vocabulary
+logits, Marian's final_logits_bias).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from attnkit.nn import (
     KVCache,
     Linear,
     MultiHeadAttention,
-    SinusoidalPositions,
     key_padding_to_attn_mask,
     linear,
+    position_encoding,
 )
 from attnkit.nn.layers import StepWeights
 from attnkit.nn.outputs import step_log_probs
@@ -97,7 +98,7 @@ class Transformer(nn.Module):
         self.src_embed = self._embedding(c.src_vocab_size)
         # A shared table is registered once, so the state dict (and the checkpoint) holds it once.
         self.own_tgt_embed = None if c.share_embeddings else self._embedding(c.tgt_vocab_size)
-        self.positions = SinusoidalPositions(c.d_model, c.max_positions)
+        self.positions = position_encoding(c.positions, c.d_model, c.max_positions)
         self.dropout = Dropout(c.dropout)
         block = dict(dropout=c.dropout if c.sublayer_dropout else 0.0, attention_dropout=c.attention_dropout,
                      activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first,

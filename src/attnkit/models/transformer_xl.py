@@ -31,8 +31,8 @@ code works unchanged. Without cutoffs both are the plain embedding table and ful
 
 - TransformerXL: segment-level recurrence (section 3.2: each layer attends over the stop-gradient
   memory + the segment) and relative positions (section 3.3, `RelativeMultiHeadAttention`).
-- VanillaLM: absolute sinusoidal positions and causal self-attention over one segment; trained on
-  independent segments, it returns no memory.
+- VanillaLM: absolute positions (sinusoidal, or learned with `positions: learned`) and causal self-attention
+  over one segment; trained on independent segments, it returns no memory.
 - RecurrentVanillaLM: the vanilla LM with Transformer-XL's segment recurrence but absolute positions, the
   "Vaswani et al. + recurrence" row of the paper's ablation (section 3.3 explains why it fails): every segment
   gets positions 0 .. T-1 again, so the memory's states, computed with their own segment's positions, carry
@@ -51,7 +51,7 @@ from torch import nn
 
 from attnkit.config import TransformerXLConfig
 from attnkit.errors import ConfigError
-from attnkit.nn import Dropout, EncoderLayer, FeedForward, SinusoidalPositions, causal_mask, sinusoid_table
+from attnkit.nn import Dropout, EncoderLayer, FeedForward, causal_mask, position_encoding, sinusoid_table
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache
 from attnkit.nn.layers import Residual
@@ -268,7 +268,7 @@ class VanillaLM(LanguageModel):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         c = config
-        self.positions = SinusoidalPositions(c.d_model, c.max_positions)
+        self.positions = position_encoding(c.positions, c.d_model, c.max_positions)
         self.layers = nn.ModuleList(
             self.layer_class(c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
                              activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first)

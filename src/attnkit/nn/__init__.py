@@ -6,7 +6,7 @@ from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
 from attnkit.nn.linear import Linear, PackedWeights, int8_kernels, int8_scheme, int8_unavailable, linear, prepacked
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
-from attnkit.nn.positions import SinusoidalPositions, sinusoid_table
+from attnkit.nn.positions import LearnedPositions, SinusoidalPositions, position_encoding, sinusoid_table
 
 __all__ = [
     "AdaptiveEmbedding",
@@ -17,6 +17,7 @@ __all__ = [
     "EncoderLayer",
     "FeedForward",
     "KVCache",
+    "LearnedPositions",
     "Linear",
     "MultiHeadAttention",
     "PackedWeights",
@@ -28,6 +29,7 @@ __all__ = [
     "dropout",
     "key_padding_to_attn_mask",
     "linear",
+    "position_encoding",
     "prepacked",
     "scaled_dot_product",
     "sinusoid_table",
