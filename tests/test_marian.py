@@ -29,7 +29,7 @@ from attnkit.config import BOS_ID, EOS_ID, RNNConfig, RunConfig, TrainConfig, Tr
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.formats import export_marian, import_marian
+from attnkit.formats import export_marian, import_marian, layer_names
 from attnkit.formats import marian as marian_format
 from attnkit.models import Transformer
 from marian_models import PAIRS, SAMPLE, TAGS, TARGET_TEXT, in_vocab, load_marian, to_marian, write_marian
@@ -99,11 +99,11 @@ def test_imported_logits_equal_marian_mt_models(folders, variant):
 
 CORRUPTIONS = {
     # each changes one mapping; the logits test must then fail
-    "q and k swapped": lambda mp: mp.setattr(marian_format, "_attention", lambda a, h: [
-        (f"{a}.in_proj.weight", tuple(f"{h}.{p}_proj.weight" for p in "kqv"), marian_format.READS),
-        (f"{a}.in_proj.bias", tuple(f"{h}.{p}_proj.bias" for p in "kqv"), marian_format.AS_IS),
-        (f"{a}.out_proj.weight", (f"{h}.out_proj.weight",), marian_format.WRITES),
-        (f"{a}.out_proj.bias", (f"{h}.out_proj.bias",), marian_format.WRITES)]),
+    "q and k swapped": lambda mp: mp.setattr(layer_names, "_attention", lambda a, h: [
+        (f"{a}.in_proj.weight", tuple(f"{h}.{p}_proj.weight" for p in "kqv"), layer_names.READS),
+        (f"{a}.in_proj.bias", tuple(f"{h}.{p}_proj.bias" for p in "kqv"), layer_names.AS_IS),
+        (f"{a}.out_proj.weight", (f"{h}.out_proj.weight",), layer_names.WRITES),
+        (f"{a}.out_proj.bias", (f"{h}.out_proj.bias",), layer_names.WRITES)]),
     "sinusoid layout": lambda mp: mp.setattr(marian_format, "stream_order", lambda d: torch.arange(d)),
     "output bias": lambda mp: mp.setattr(marian_format, "_vocabulary_tensors", _without_bias(
         marian_format._vocabulary_tensors)),
@@ -302,6 +302,8 @@ def test_a_failed_export_never_brings_back_a_folder_an_earlier_crash_left(tmp_pa
     (dict(layer_norm_eps=1e-8), "epsilon 1e-08 (model.layer_norm_eps)"),
     (dict(output_projection=False), "model.output_projection: false"),
     (dict(zero_pad_positions=True), "model.zero_pad_positions"),
+    (dict(positions="learned"), "model.positions: learned"),
+    (dict(positions="none"), "model.positions: none"),
     (dict(sublayer_dropout=False), "model.sublayer_dropout: false"),
 ], ids=str)
 def test_export_refuses_what_marian_cannot_express(tmp_path, model, words):

@@ -1,5 +1,6 @@
-"""`attnkit import`: a model trained elsewhere (a Marian / Hugging Face MarianMTModel folder, a Transformer-XL of the
-reference code, NVIDIA's or Hugging Face's) as an attnkit checkpoint, which every verb then runs."""
+"""`attnkit import`: a model trained elsewhere (a Marian / Hugging Face MarianMTModel folder, a fairseq Transformer, a
+Transformer-XL of the reference code, NVIDIA's or Hugging Face's) as an attnkit checkpoint, which every verb then
+runs."""
 
 from __future__ import annotations
 
@@ -8,19 +9,21 @@ from collections.abc import Callable
 from attnkit.cli.options import add_trust_option
 from attnkit.io import ensure_new_output
 
-FORMATS = ("marian", "transformer-xl")  # attnkit.formats' importers; the verb's --from choices
+FORMATS = ("marian", "fairseq", "transformer-xl")  # attnkit.formats' importers; the verb's --from choices
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    im = sub.add_parser("import", help="write a pretrained model (Marian / opus-mt, Transformer-XL) as an attnkit "
-                                       "checkpoint",
+    im = sub.add_parser("import", help="write a pretrained model (Marian / opus-mt, fairseq, Transformer-XL) as an "
+                                       "attnkit checkpoint",
                         description=IMPORT_DESCRIPTION)
     im.add_argument("--from", dest="source_format", choices=FORMATS, required=True,
                     help="the format SOURCE is in: marian, a Hugging Face MarianMTModel folder (config.json, "
                          "model.safetensors, source.spm, target.spm, vocab.json), such as the Helsinki-NLP opus-mt "
-                         "models; transformer-xl, a language model of the Transformer-XL reference code, NVIDIA's "
-                         "or Hugging Face's TransfoXLLMHeadModel (transfo-xl-wt103): a folder (config.json, "
-                         "model.safetensors or pytorch_model.bin, vocab.pkl or vocab.txt) or a state dict file")
+                         "models; fairseq, a checkpoint of fairseq's transformer (checkpoint_best.pt, model.pt) with "
+                         "its dict.SRC.txt / dict.TGT.txt and sentencepiece model; transformer-xl, a language model "
+                         "of the Transformer-XL reference code, NVIDIA's or Hugging Face's TransfoXLLMHeadModel "
+                         "(transfo-xl-wt103): a folder (config.json, model.safetensors or pytorch_model.bin, vocab.pkl "
+                         "or vocab.txt) or a state dict file")
     im.add_argument("source", metavar="SOURCE",
                     help="the model's folder (or a file in it); a hub name such as Helsinki-NLP/opus-mt-zh-en is "
                          "read from the Hugging Face cache where huggingface_hub is installed (nothing is downloaded)")
@@ -29,7 +32,11 @@ def add_parsers(sub) -> dict[str, Callable]:
                                        "tokenizer_config.json names, if any)")
     im.add_argument("--tgt-lang", help="the target language's code (BLEU's tokenizer follows it: zh for Chinese)")
     im.add_argument("--vocab", help="transformer-xl: the vocabulary, where it is not beside the weights (vocab.txt: a "
-                                    "symbol per line, id = line; vocab.pkl: Hugging Face's TransfoXLTokenizer's)")
+                                    "symbol per line, id = line; vocab.pkl: Hugging Face's TransfoXLTokenizer's); "
+                                    "fairseq: the folder holding dict.SRC.txt and dict.TGT.txt (the data-bin "
+                                    "fairseq-preprocess wrote), where they are not beside the checkpoint")
+    im.add_argument("--spm", help="fairseq: the sentencepiece model the text was split with, where it is not beside "
+                                  "the checkpoint (sentencepiece.bpe.model, spm.model) nor named by its cfg.bpe")
     im.add_argument("--force", action="store_true", help="replace an existing checkpoint")
     add_trust_option(im)
     return {"import": cmd_import}
@@ -45,11 +52,14 @@ the weights, positions and vocabulary map.
   attnkit import --from marian opus-mt-zh-en --out zh-en.safetensors --src-lang zh --tgt-lang en
   echo "我们明天见。" | attnkit translate --checkpoint zh-en.safetensors --beam 5
   attnkit translate --checkpoint en-mul.safetensors --target-tag cmn_Hans --input news.en   # multilingual
+  attnkit import --from fairseq checkpoints/checkpoint_best.pt --vocab data-bin --spm spm.model \
+      --out fairseq.safetensors --trust-checkpoint --src-lang zh --tgt-lang en
   attnkit import --from transformer-xl transfo-xl-wt103 --out wt103.safetensors --trust-checkpoint
   attnkit lm generate --checkpoint wt103.safetensors --prompt "The castle"
 
-Pickles (pytorch_model.bin, vocab.pkl, the reference's .pt files) are read only with --trust-checkpoint, and then
-weights-only (vocab.pkl as plain data): nothing in them runs. What comes out is safetensors."""
+Pickles (pytorch_model.bin, vocab.pkl, the reference's and fairseq's .pt files) are read only with
+--trust-checkpoint, and then weights-only (vocab.pkl and fairseq's settings as plain data): nothing in them runs.
+What comes out is safetensors."""
 
 
 def cmd_import(args, overrides: list[str]) -> None:
@@ -70,9 +80,13 @@ def cmd_import(args, overrides: list[str]) -> None:
         return
     from attnkit.data.tokenizer import SubwordTokenizer
     from attnkit.decode.translator import target_tags
-    from attnkit.formats import import_marian  # imports torch
+    from attnkit.formats import import_fairseq, import_marian  # imports torch
 
-    ckpt = import_marian(args.source, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
+    if args.source_format == "fairseq":
+        ckpt = import_fairseq(args.source, vocab=args.vocab, spm=args.spm, src_lang=args.src_lang,
+                              tgt_lang=args.tgt_lang)
+    else:
+        ckpt = import_marian(args.source, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
     save_checkpoint(args.out, ckpt)
     c = ckpt.config.model
     tags = sorted(target_tags(SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])))

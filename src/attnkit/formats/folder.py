@@ -1,7 +1,8 @@
 """Reading the files other frameworks save a model in, whatever the model: JSON configs (`read_json`, `field`: one line
 naming the file and the field for anything malformed), weights (`read_safetensors`, `read_pickled`, `read_state`:
-model.safetensors, its shards, or a trusted torch.save file read weights-only), and where a model is
-(`resolve_source`: a local folder, or huggingface_hub's cache). What a format makes of them is its own module's.
+model.safetensors, its shards, or a trusted torch.save file read weights-only; `Weights` checks each tensor's name
+and shape), and where a model is (`resolve_source`: a local folder, or huggingface_hub's cache). What a format
+makes of them is its own module's.
 """
 
 from __future__ import annotations
@@ -100,6 +101,31 @@ def read_state(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin (the weights)")
 
 
+class Weights:
+    """A model's tensors by name (`prefix` + name), each checked for presence and shape with a one-line error that
+    names the file, what the model should be (`kind`) and where the expected shape came from (`sizes`)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], path: Path, prefix: str = "", *, kind: str, sizes: str):
+        self.tensors, self.path, self.prefix, self.kind, self.sizes = tensors, path, prefix, kind, sizes
+
+    def has(self, name: str, top: bool = False) -> bool:
+        return (name if top else self.prefix + name) in self.tensors
+
+    def get(self, name: str, shape: tuple[int, ...], top: bool = False) -> torch.Tensor:
+        key = name if top else self.prefix + name
+        t = self.tensors.get(key)
+        if t is None:
+            raise CheckpointError(f"{self.path}: no tensor '{key}' (truncated, or not {self.kind}?)")
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"{self.path}: tensor '{key}' has shape {tuple(t.shape)}, {self.sizes} make it "
+                                  f"{shape}")
+        return t.float()
+
+    def first(self, names: list[str], shape: tuple[int, ...]) -> torch.Tensor:
+        """The first of several names a tied tensor may be saved under."""
+        return self.get(next((n for n in names if self.has(n)), names[0]), shape)
+
+
 def resolve_source(source: str | os.PathLike) -> Path:
     """A local folder (or a file in one); else a Hugging Face hub name, from huggingface_hub's cache only."""
     path = Path(source)
@@ -119,5 +145,5 @@ def resolve_source(source: str | os.PathLike) -> Path:
                               "DIR) and import DIR") from None
 
 
-__all__ = ["REQUIRED", "WEIGHT_FILES", "field", "read_json", "read_pickled", "read_safetensors", "read_state",
-           "resolve_source", "tensors_only"]
+__all__ = ["REQUIRED", "WEIGHT_FILES", "Weights", "field", "read_json", "read_pickled", "read_safetensors",
+           "read_state", "resolve_source", "tensors_only"]

@@ -6,6 +6,9 @@ and defaultdict (with an inert factory). Every other name (a class of the progra
 tokenizer, sacremoses' objects, `re.compile`'s patterns) becomes an inert `Placeholder` that keeps the arguments and
 state the pickle gives it and does nothing else. So a Hugging Face TransfoXLTokenizer's vocab.pkl, which pickles the
 tokenizer's whole `__dict__`, yields its `idx2sym` list without sacremoses installed and without running its code.
+`torch_load` reads a torch.save file the same way, allowing besides only torch's own functions that rebuild a tensor
+from its storage: a fairseq checkpoint, which pickles argparse.Namespace and fairseq's own classes beside its
+tensors (torch's weights-only loader refuses those), yields its tensors and its settings as plain data.
 The files are still pickles, so attnkit reads them only when the user trusts them (`--trust-checkpoint`).
 """
 
@@ -14,8 +17,12 @@ from __future__ import annotations
 import builtins
 import collections
 import io
+import os
 import pickle
+import types
 from typing import Any
+
+import torch
 
 _BUILTINS = ("dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool", "bytes", "bytearray",
              "complex")
@@ -40,7 +47,7 @@ def _placeholder_class(name: str) -> type:
     return type(name.replace(".", "_"), (Placeholder,), {})
 
 
-class _Unpickler(pickle.Unpickler):
+class _Restricted(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "builtins" and name in _BUILTINS:
             return getattr(builtins, name)
@@ -50,13 +57,38 @@ class _Unpickler(pickle.Unpickler):
             return lambda factory=None, *rest: collections.defaultdict(None, *rest)  # noqa: ARG005 - factory dropped
         return _placeholder_class(f"{module}.{name}")
 
+
+class _Unpickler(_Restricted):
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("it refers to data outside the pickle (a torch.save file?)")
+
+
+# What rebuilds a tensor or a Parameter from the storage torch's loader hands over (its storage types torch's loader
+# maps itself); nothing else of torch is callable from the file.
+_TORCH = {("torch._utils", name) for name in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter")}
+
+
+class _TorchUnpickler(_Restricted):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _TORCH:
+            return getattr(torch._utils, name)
+        return super().find_class(module, name)
+
+
+# torch.load's `pickle_module`: its Unpickler (subclassed by torch to supply the storages) and `load` (the old format)
+_TORCH_PICKLE = types.SimpleNamespace(__name__="attnkit_inert_pickle", Unpickler=_TorchUnpickler,
+                                      load=lambda f, **kw: _TorchUnpickler(f, **kw).load())
 
 
 def loads(data: bytes) -> Any:
     """The object a pickle holds, built from plain data only (see the module docstring)."""
     return _Unpickler(io.BytesIO(data)).load()
+
+
+def torch_load(path: str | os.PathLike) -> Any:
+    """The object a torch.save file holds, tensors on the CPU, every other class a `Placeholder` (module docstring).
+    torch's weights_only=False is its way to take a pickle_module; this one runs nothing the file names."""
+    return torch.load(path, map_location="cpu", pickle_module=_TORCH_PICKLE, weights_only=False)
 
 
 def state_of(obj: Any) -> dict:
@@ -68,4 +100,4 @@ def state_of(obj: Any) -> dict:
     return {}
 
 
-__all__ = ["Placeholder", "loads", "state_of"]
+__all__ = ["Placeholder", "loads", "state_of", "torch_load"]

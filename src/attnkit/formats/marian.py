@@ -1,7 +1,8 @@
 """Marian (opus-mt) models as Hugging Face stores them (`MarianMTModel`): imported as attnkit checkpoints, and
 attnkit Transformers exported as such folders. docs/import.md has the whole mapping table. This module holds the
-name mapping, the import and the export; reading the folder's files is `marian_folder`'s, the vocabularies and the
-sentencepiece models in attnkit's ids (`Side`, `side_tokenizer`) are `marian_vocab`'s.
+import and the export; the layers' names are `layer_names`' (fairseq's, which HF's Marian took), reading the
+folder's files is `marian_folder`'s, the vocabularies and the sentencepiece models in attnkit's ids (`Side`,
+`side_tokenizer`) are `marian_vocab`'s.
 
 V vocabulary, D model dim, F FFN dim, P positions.
 
@@ -47,6 +48,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint
 from attnkit.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, RunConfig, TrainConfig, TransformerConfig, family
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
+from attnkit.formats.layer_names import layer_table, model_shapes, reorder
 from attnkit.formats.marian_folder import (
     MarianConfig,
     Weights,
@@ -55,67 +57,14 @@ from attnkit.formats.marian_folder import (
     read_weights,
     resolve_source,
 )
-from attnkit.formats.marian_vocab import Side, read_sides, read_spm, side_tokenizer
+from attnkit.formats.marian_vocab import NEVER, Side, read_sides, read_spm, side_tokenizer
 from attnkit.io import atomic_folder, ensure_new_output
-from attnkit.models import Transformer
 from attnkit.nn.positions import halves_order as stream_order  # attnkit's channel j is Marian's order[j]
 from attnkit.nn.positions import sinusoid_table
 
-# Added to a logit that must take no probability: exp(-1e4) is 0 in float32, and the logit stays a finite number.
-NEVER = -1e4
 LAYER_NORM_EPS = 1e-5  # torch's default, which every LayerNorm of HF's Marian uses
-# How a tensor meets the residual stream's channel order: its columns read the stream, its rows (or entries) write
-# it, or neither (q, k, v and FFN w1 biases live in head or FFN space).
-READS, WRITES, AS_IS = "reads", "writes", "as is"
 # Marian's decoding length limit is 3 x the source (marian's --max-length-factor); attnkit's a * |src| + b
 MAX_LEN_A, MAX_LEN_B = 3.0, 10
-
-
-# --- the one name-mapping table -----------------------------------------------------------------------------------
-def _attention(a: str, h: str) -> list[tuple[str, tuple[str, ...], str]]:
-    return [(f"{a}.in_proj.weight", tuple(f"{h}.{p}_proj.weight" for p in "qkv"), READS),
-            (f"{a}.in_proj.bias", tuple(f"{h}.{p}_proj.bias" for p in "qkv"), AS_IS),
-            (f"{a}.out_proj.weight", (f"{h}.out_proj.weight",), WRITES),
-            (f"{a}.out_proj.bias", (f"{h}.out_proj.bias",), WRITES)]
-
-
-def _norm(a: str, h: str) -> list[tuple[str, tuple[str, ...], str]]:
-    return [(f"{a}.weight", (f"{h}.weight",), WRITES), (f"{a}.bias", (f"{h}.bias",), WRITES)]
-
-
-def _ffn(a: str, h: str) -> list[tuple[str, tuple[str, ...], str]]:
-    return [(f"{a}.w1.weight", (f"{h}.fc1.weight",), READS), (f"{a}.w1.bias", (f"{h}.fc1.bias",), AS_IS),
-            (f"{a}.w2.weight", (f"{h}.fc2.weight",), WRITES), (f"{a}.w2.bias", (f"{h}.fc2.bias",), WRITES)]
-
-
-def layer_table(n_encoder: int, n_decoder: int) -> list[tuple[str, tuple[str, ...], str]]:
-    """(attnkit name, Marian names without the `model.` prefix, how the stream order applies) for every tensor of
-    the layers; several Marian names are concatenated along dim 0 (q, k, v -> in_proj). Import and export both read
-    it; the vocabulary tensors (embeddings, output projection and bias) reorder rows too and are mapped apart."""
-    rows = []
-    for i in range(n_encoder):
-        a, h = f"encoder.{i}", f"encoder.layers.{i}"
-        rows += _attention(f"{a}.self_attn", f"{h}.self_attn")
-        rows += _norm(f"{a}.attn_block.norm", f"{h}.self_attn_layer_norm")
-        rows += _ffn(f"{a}.ffn", h) + _norm(f"{a}.ffn_block.norm", f"{h}.final_layer_norm")
-    for i in range(n_decoder):
-        a, h = f"decoder.{i}", f"decoder.layers.{i}"
-        rows += _attention(f"{a}.self_attn", f"{h}.self_attn")
-        rows += _norm(f"{a}.self_block.norm", f"{h}.self_attn_layer_norm")
-        rows += _attention(f"{a}.cross_attn", f"{h}.encoder_attn")
-        rows += _norm(f"{a}.cross_block.norm", f"{h}.encoder_attn_layer_norm")
-        rows += _ffn(f"{a}.ffn", h) + _norm(f"{a}.ffn_block.norm", f"{h}.final_layer_norm")
-    return rows
-
-
-def reorder(t: torch.Tensor, how: str, order: torch.Tensor) -> torch.Tensor:
-    """A tensor in the other side's channel order: READS permutes its columns, WRITES its rows (or entries)."""
-    if how == READS:
-        return t[:, order]
-    return t[order] if how == WRITES else t
-
-
-
 # --- import ---------------------------------------------------------------------------------------------------------
 def _check_positions(w: Weights, m: MarianConfig, order: torch.Tensor) -> None:
     """Marian's positions are computed, not learned; a stored table that is not that sinusoid is refused."""
@@ -135,12 +84,6 @@ def _model_config(m: MarianConfig, sides: dict[str, Side], share: bool) -> Trans
         activation=m.activation, norm_first=False, share_embeddings=share,
         tie_output=m.tie and m.scale_embedding, output_bias=True, max_positions=m.max_positions,
         layer_norm_eps=LAYER_NORM_EPS)
-
-
-def _shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """attnkit's state-dict shapes for `config`, from a model built on the meta device (nothing allocated)."""
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in Transformer(config).state_dict().items()}
 
 
 def _embeddings(w: Weights, m: MarianConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,7 +136,7 @@ def import_marian(source: str | os.PathLike, *, src_lang: str | None = None, tgt
     tables = _embeddings(w, m)
     share = m.share and torch.equal(*tables)  # one attnkit table where Marian's two are one
     config = _model_config(m, sides, share)
-    shapes = _shapes(config)
+    shapes = model_shapes(config)
     state = {}
     for name, marian_names, how in layer_table(m.n_encoder_layers, m.n_decoder_layers):
         part = (shapes[name][0] // len(marian_names), *shapes[name][1:])
@@ -202,7 +145,7 @@ def import_marian(source: str | os.PathLike, *, src_lang: str | None = None, tgt
     if not state["out_bias"].any():  # nothing to add (attnkit's own exports): the model without the bias, exactly
         del state["out_bias"]
         config = dataclasses.replace(config, output_bias=False)
-        shapes = _shapes(config)
+        shapes = model_shapes(config)
     if {k: tuple(v.shape) for k, v in state.items()} != shapes:  # the table covers attnkit's model, all of it
         raise AttnkitError(f"import of {folder}: the weights mapped do not make attnkit's model (a bug in attnkit)")
     tokenizers = {side: side_tokenizer(spms[side], sides[side].names) for side in ("src", "tgt")}
@@ -235,6 +178,7 @@ def _refusal(ckpt: Checkpoint) -> str | None:
                                              f"MarianMTModel's are {LAYER_NORM_EPS:g}"),
         (not c.output_projection, "attention without W^O (model.output_projection: false): MarianMTModel has W^O"),
         (c.zero_pad_positions, "no positions at padding (model.zero_pad_positions): MarianMTModel adds them"),
+        (c.positions != "sinusoidal", f"model.positions: {c.positions}: MarianMTModel's positions are sinusoids"),
         (not c.sublayer_dropout, "dropout on the embeddings only (model.sublayer_dropout: false): MarianMTModel "
                                  "drops out every sublayer"),
         (c.activation not in ("relu", "gelu", "swish"), f"the {c.activation} activation"),

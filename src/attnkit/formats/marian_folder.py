@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from attnkit.errors import CheckpointError
-from attnkit.formats.folder import field, read_json, read_state, resolve_source
+from attnkit.formats.folder import Weights, field, read_json, read_state, resolve_source
 
 _field = partial(field, owner="a MarianMTModel")
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # HF's gelu is erf's, as F.gelu
@@ -87,35 +85,12 @@ def read_config(folder: Path) -> MarianConfig:
         activation_dropout=_field(cfg, "activation_dropout", path, float, 0.0))
 
 
-class Weights:
-    """A MarianMTModel's tensors by name, each checked for presence and shape with a one-line error."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], path: Path):
-        self.tensors, self.path = tensors, path
-        # MarianMTModel's names start with `model.` (the bare MarianModel's do not); the output's never do
-        self.prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
-
-    def has(self, name: str, top: bool = False) -> bool:
-        return (name if top else self.prefix + name) in self.tensors
-
-    def get(self, name: str, shape: tuple[int, ...], top: bool = False) -> torch.Tensor:
-        key = name if top else self.prefix + name
-        t = self.tensors.get(key)
-        if t is None:
-            raise CheckpointError(f"{self.path}: no tensor '{key}' (truncated, or not a MarianMTModel?)")
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{self.path}: tensor '{key}' has shape {tuple(t.shape)}, config.json's "
-                                  f"sizes make it {shape}")
-        return t.float()
-
-    def first(self, names: list[str], shape: tuple[int, ...]) -> torch.Tensor:
-        """The first of several names a tied tensor may be saved under."""
-        return self.get(next((n for n in names if self.has(n)), names[0]), shape)
-
-
 def read_weights(folder: Path) -> Weights:
-    """model.safetensors, its shards (model.safetensors.index.json), or pytorch_model.bin (when trusted)."""
-    return Weights(*read_state(folder))
+    """model.safetensors, its shards (model.safetensors.index.json), or pytorch_model.bin (when trusted).
+    MarianMTModel's names start with `model.` (the bare MarianModel's do not); the output's never do."""
+    tensors, path = read_state(folder)
+    return Weights(tensors, path, "model." if any(k.startswith("model.") for k in tensors) else "",
+                   kind="a MarianMTModel", sizes="config.json's sizes")
 
 
 def read_tokenizer_config(folder: Path) -> dict:

@@ -1,8 +1,8 @@
-"""A Marian model's vocabularies and tokenizers in attnkit's ids. Marian maps the pieces source.spm / target.spm
-produce to ids through vocab.json (target_vocab.json with separate vocabularies); attnkit's ids are fixed (PAD 0,
-BOS 1, EOS 2, UNK 3). `Side` is one embedding table's rows in attnkit's order, `read_sides` the one or two tables of
-a folder, and `side_tokenizer` a sentencepiece model whose ids are those rows. `attnkit.formats.marian`'s docstring
-says why each row is where it is.
+"""A Marian model's vocabularies and tokenizers in attnkit's ids (and a fairseq model's, the same way). Marian maps
+the pieces source.spm / target.spm produce to ids through vocab.json (target_vocab.json with separate
+vocabularies), fairseq through dict.txt; attnkit's ids are fixed (PAD 0, BOS 1, EOS 2, UNK 3). `Side` is one
+embedding table's rows in attnkit's order, `read_sides` the one or two tables of a folder, and `side_tokenizer` a
+sentencepiece model whose ids are those rows. `attnkit.formats.marian`'s docstring says why each row is where it is.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from attnkit.errors import CheckpointError
 from attnkit.formats.marian_folder import MarianConfig, read_json
 
 _PIECE = spm_pb2.ModelProto.SentencePiece
+# Added to a logit that must take no probability: exp(-1e4) is 0 in float32, and the logit stays a finite number.
+NEVER = -1e4
 PRODUCED = (_PIECE.NORMAL, _PIECE.USER_DEFINED, _PIECE.BYTE)  # the piece types sentencepiece's encoder emits
 
 
@@ -53,7 +55,7 @@ class Vocab:
 
     def id_of(self, token: str, field: str, expected: int | None = None) -> int:
         if token not in self.pieces:
-            raise CheckpointError(f"{self.path}: no {token!r} ({field}); a Marian vocabulary holds it")
+            raise CheckpointError(f"{self.path}: no {token!r} ({field}); the model's vocabulary must hold it")
         i = self.pieces[token]
         if expected is not None and i != expected:
             raise CheckpointError(f"{self.path}: {token!r} has id {i}, but config.json's {field} is {expected}")
@@ -79,10 +81,12 @@ class Side:
         by_id = {i: piece for piece, i in vocab.pieces.items()}
         ids = [pad, start, eos, unk, *(i for i in range(rows) if i not in (pad, start, eos, unk))]
         names = [by_id.get(i) or f"<marian_unused_{i}>" for i in ids]
-        # Marian's own models start from pad: BOS is a copy of it, taking no probability. A model exported by
-        # attnkit starts from a token of its own (BOS 1), which keeps its row: import then undoes export.
-        never = [BOS_ID] if start == pad else []
-        if start == pad:
+        # Marian's own models start from pad, fairseq's from </s>: BOS is a copy of that row, taking no probability.
+        # A model exported by attnkit starts from a token of its own (BOS 1), which keeps its row: import then
+        # undoes export.
+        copied = start in (pad, eos)
+        never = [BOS_ID] if copied else []
+        if copied:
             names[BOS_ID] = next(n for n in ("<s>", "<attnkit_bos>", "<attnkit_bos_>") if n not in vocab.pieces)
         extra = list(dict.fromkeys(p.piece for spm in spms for p in spm.pieces
                                    if p.type in PRODUCED and p.piece not in vocab.pieces))
@@ -160,4 +164,4 @@ def read_sides(folder: Path, m: MarianConfig, tok: dict, spms: dict) -> dict[str
             "tgt": Side.of(tgt_vocab, m.decoder_vocab_size, specials, m.start, [spms["tgt"]])}
 
 
-__all__ = ["PRODUCED", "Side", "Vocab", "read_sides", "read_spm", "side_tokenizer"]
+__all__ = ["NEVER", "PRODUCED", "Side", "Vocab", "read_sides", "read_spm", "side_tokenizer"]
