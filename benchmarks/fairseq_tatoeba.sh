@@ -36,7 +36,7 @@ s=$(date +%s)
 
 if [ ! -x "$VENV/bin/fairseq-train" ]; then
   python3 -m venv --system-site-packages "$VENV"
-  "$VENV/bin/pip" install cython "hydra-core==1.3.2" "omegaconf==2.3.0" bitarray regex scikit-learn cffi
+  "$VENV/bin/pip" install wheel cython "hydra-core==1.3.2" "omegaconf==2.3.0" bitarray regex scikit-learn cffi
   "$VENV/bin/pip" install --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
 fi
 "$VENV/bin/python" -c "import fairseq; print('fairseq', fairseq.__version__)" 2>/dev/null

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One direction of the Tatoeba recipes (docs/results.md "Tatoeba Chinese-English") end to end, one step after
+# another on an otherwise idle machine, each step's output and wall time / peak RSS (/usr/bin/time) in
+# benchmarks/results/recipes/tatoeba-DIR.*.log:
+#   bash benchmarks/results/recipes/tatoeba-hour.sh zh-en   # ~2 h 20 min on 2 cores: attnkit's hour, then fairseq's
+# 1. attnkit prepare (the preset's command), 2. attnkit train --config tatoeba-DIR (60 min), 3. benchmarks/tatoeba.py
+# (chooses on dev, scores dev and test), 4. benchmarks/fairseq_tatoeba.sh (the baseline's hour on the same data).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+dir=${1:?zh-en or en-zh}; src=${dir%-*}; tgt=${dir#*-}
+case "$dir" in zh-en|en-zh) ;; *) echo "usage: $0 zh-en|en-zh" >&2; exit 2 ;; esac
+D=../shared/data/tatoeba-cmn-eng; run=runs/tatoeba-$dir; logs=benchmarks/results/recipes/tatoeba-$dir
+export OMP_NUM_THREADS=2
+step() {  # NAME COMMAND...: the command's output and /usr/bin/time's figures in $logs.NAME.log
+    local name=$1; shift
+    /usr/bin/time -v -o "$logs.$name.time" "$@" > "$logs.$name.log" 2>&1
+    grep -E "Elapsed|Maximum resident" "$logs.$name.time" >> "$logs.$name.log"; rm "$logs.$name.time"
+}
+[ -f "$run/data/train.safetensors" ] || step prepare attnkit prepare --src "$src" --tgt "$tgt" --train $D/train \
+    --valid $D/dev --test $D/test --vocab-size 8000 --normalization identity --character-coverage 1.0 \
+    --out "$run/data"
+step train attnkit train --config "tatoeba-$dir" --data "$run/data" --out "$run" --quiet
+step eval python3 benchmarks/tatoeba.py --run "$run" --direction "$dir"
+cp "$run/results.md" "$logs.results.md"; cp "$run/results.json" "$logs.results.json"
+step fairseq env DIR="$dir" bash benchmarks/fairseq_tatoeba.sh "runs/fairseq-tatoeba-$dir"
+cp "runs/fairseq-tatoeba-$dir/hyp/results.md" "$logs.fairseq.results.md"
+cp "runs/fairseq-tatoeba-$dir/hyp/results.json" "$logs.fairseq.results.json"
