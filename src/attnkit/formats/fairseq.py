@@ -206,7 +206,8 @@ def _positions(w: Weights, rows: int, d_model: int) -> torch.Tensor:
     return enc[PAD + 1: PAD + 1 + rows]
 
 
-def _model_config(w: Weights, s: dict, sides: dict[str, Side], share: bool, path: Path) -> TransformerConfig:
+def _model_config(w: Weights, s: dict, sides: dict[str, Side], share: bool, scaled: bool, output: torch.Tensor,
+                  path: Path) -> TransformerConfig:
     d_model = tuple(w.tensors["encoder.embed_tokens.weight"].shape)[1]
     heads = _heads(s, path)
     if d_model % heads:
@@ -214,8 +215,7 @@ def _model_config(w: Weights, s: dict, sides: dict[str, Side], share: bool, path
     p = min(arg(s, "max_source_positions", int, 1024, path), arg(s, "max_target_positions", int, 1024, path))
     if w.has("encoder.embed_positions.weight"):  # a learned table holds what it holds
         p = min(p, w.tensors["encoder.embed_positions.weight"].shape[0] - PAD - 1)
-    scaled = not arg(s, "no_scale_embedding", bool, False, path)
-    untied = not torch.equal(_output(w), w.tensors["decoder.embed_tokens.weight"].float())
+    untied = not torch.equal(output, w.tensors["decoder.embed_tokens.weight"].float())
     positions = "none" if arg(s, "no_token_positional_embeddings", bool, False, path) else "learned"
     return TransformerConfig(
         src_vocab_size=len(sides["src"].ids), tgt_vocab_size=len(sides["tgt"].ids), d_model=d_model, n_heads=heads,
@@ -235,8 +235,8 @@ def _output(w: Weights) -> torch.Tensor:
     return w.tensors[next(n for n in names if w.has(n))].float()
 
 
-def _state(w: Weights, config: TransformerConfig, sides: dict[str, Side], rows: dict[str, int], scaled: bool
-           ) -> dict[str, torch.Tensor]:
+def _state(w: Weights, config: TransformerConfig, sides: dict[str, Side], rows: dict[str, int], scaled: bool,
+           output: torch.Tensor) -> dict[str, torch.Tensor]:
     """attnkit's state dict: the layers by `layer_table`, the vocabulary tensors in attnkit's rows (unscaled tables
     divided by sqrt(D), as attnkit scales every embedding), the position rows, the NEVER bias."""
     c, shapes = config, model_shapes(config)
@@ -255,7 +255,7 @@ def _state(w: Weights, config: TransformerConfig, sides: dict[str, Side], rows: 
     if not c.share_embeddings:
         state["own_tgt_embed.weight"] = sides["tgt"].table(tables["tgt"], same) * scale
     if not c.tie_output:
-        state["out_proj.weight"] = sides["tgt"].table(_output(w), same)
+        state["out_proj.weight"] = sides["tgt"].table(output, same)
     if c.positions == "learned":
         state["positions.table"] = _positions(w, c.max_positions, c.d_model)
     state["out_bias"] = torch.zeros(c.tgt_vocab_size)
@@ -300,8 +300,9 @@ def import_fairseq(source: str | os.PathLike, *, vocab: str | os.PathLike | None
     sides = {side: Side.of(d, rows[side], specials, eos, [proto]) for side, d in zip(("src", "tgt"), dicts)}
     share = dicts[0].pieces == dicts[1].pieces and torch.equal(w.tensors["encoder.embed_tokens.weight"],
                                                                w.tensors["decoder.embed_tokens.weight"])
-    config = _model_config(w, s, sides, share, path)
-    state = _state(w, config, sides, rows, scaled=not arg(s, "no_scale_embedding", bool, False, path))
+    scaled, output = not arg(s, "no_scale_embedding", bool, False, path), _output(w)
+    config = _model_config(w, s, sides, share, scaled, output, path)
+    state = _state(w, config, sides, rows, scaled, output)
     if {k: tuple(v.shape) for k, v in state.items()} != model_shapes(config):
         raise AttnkitError(f"import of {path}: the weights mapped do not make attnkit's model (a bug in attnkit)")
     tokenizers = {side: side_tokenizer(proto, sides[side].names) for side in ("src", "tgt")}
