@@ -17,6 +17,14 @@ apply_engine()  # tests/test_int8.py runs the int8 tests once per kernel family,
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def serve_extra():
+    """httpx, after a clean skip where a package of the `serve` extra (FastAPI, uvicorn, httpx, prometheus-client)
+    is missing: the service and its tests need all four."""
+    for name in ("fastapi", "uvicorn", "prometheus_client"):
+        pytest.importorskip(name)
+    return pytest.importorskip("httpx")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models gain nothing from a second thread, and on a busy machine its barriers cost seconds."""

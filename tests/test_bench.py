@@ -43,6 +43,18 @@ def mt_training_flops(s: workloads.MTShape) -> int:
 
 
 # --- FLOPs ---------------------------------------------------------------------------------------
+def test_timings_on_cuda_wait_for_the_kernels(monkeypatch):
+    """CUDA launches kernels asynchronously: a timed call must end with a synchronisation (the device's), the
+    untimed warm-up too, or the figure is the launch time. The CPU path never synchronises."""
+    synced, order = [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: (synced.append(device), order.append("sync")))
+    speed.timed(lambda: order.append("call"), 2, 3)
+    assert synced == []
+    speed.timed(lambda: order.append("call"), 2, 3, torch.device("cuda", 1))
+    assert synced == [torch.device("cuda", 1)] * 4
+    assert order == ["call"] * 5 + ["call", "call", "sync"] + ["call", "sync"] * 3
+
+
 def test_flop_counter_matches_hand_count_of_a_linear_layer():
     torch.manual_seed(0)
     model, x = nn.Linear(8, 4), torch.randn(3, 8)  # forward 2*3*8*4; backward: weight gradient only

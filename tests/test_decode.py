@@ -129,7 +129,7 @@ class UncachedState:
         return UncachedState(enc, self.tokens.index_select(0, rows))
 
     def expand(self, beams):
-        return self.reorder(torch.arange(self.tokens.size(0)).repeat_interleave(beams))
+        return self.reorder(torch.arange(self.tokens.size(0), device=self.tokens.device).repeat_interleave(beams))
 
 
 class Uncached:
@@ -140,7 +140,7 @@ class Uncached:
         return self.m.encode(src)
 
     def init_state(self, enc):
-        return UncachedState(enc, torch.empty(enc.memory.size(0), 0, dtype=torch.long))
+        return UncachedState(enc, torch.empty(enc.memory.size(0), 0, dtype=torch.long, device=enc.memory.device))
 
     def step(self, tokens, state, need_weights=False):
         seq = torch.cat([state.tokens, tokens[:, None]], 1)

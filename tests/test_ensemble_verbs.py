@@ -17,7 +17,7 @@ from attnkit.cli.main import main
 from attnkit.decode import DecodeOptions, Ensemble, Translator
 from attnkit.errors import AttnkitError
 from attnkit.viz.attention import load_views, teacher_forced_views, translation_views
-from conftest import tiny_run_config
+from conftest import serve_extra, tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,8 +131,7 @@ def test_plot_attention_html_of_an_ensemble_shows_its_hypotheses_and_says_whose_
 
 
 def test_serve_with_several_checkpoints_serves_the_ensemble(pair, translators):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = serve_extra()
     from serving import free_port
 
     ens, _ = translators

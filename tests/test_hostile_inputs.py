@@ -35,7 +35,7 @@ import pytest
 from attnkit.cli.main import main
 from attnkit.data import read_lines, write_number_corpus
 from attnkit.errors import AttnkitError
-from conftest import LM_TEXT, LM_TINY
+from conftest import LM_TEXT, LM_TINY, serve_extra
 
 BOM = b"\xef\xbb\xbf"
 LONG = "eins " * 4000  # 20,000 characters, about 4,000 tokens: over the model's 1,023 positions
@@ -477,8 +477,7 @@ LIMITS = dict(max_chars=1000)  # the defaults of `attnkit serve`
 
 @pytest.fixture(scope="module")
 def service(translator):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = serve_extra()
     from attnkit.serve import create_app
     from serving import running
 
@@ -489,8 +488,7 @@ def service(translator):
 
 @pytest.fixture(scope="module")
 def lm_service(lm):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = serve_extra()
     from attnkit.checkpoint import load_lm_checkpoint
     from attnkit.serve.lm_app import create_lm_app
     from serving import running

@@ -26,6 +26,7 @@ from attnkit.errors import AttnkitError
 from attnkit.formats import import_transformer_xl
 from attnkit.formats import transformer_xl as xl_format
 from attnkit.io import trust_pickle
+from conftest import serve_extra
 
 ORACLE = Path(__file__).resolve().parents[1] / "build" / "oracles" / "transformers4" / "bin" / "python"
 SCRIPT = Path(__file__).resolve().parent / "oracles" / "transfo_xl.py"
@@ -264,8 +265,7 @@ def test_every_lm_verb_runs_on_an_imported_model(folders, tmp_path, capsys):
 def test_the_service_and_its_explorer_run_an_imported_model(folders, tmp_path, capsys):
     """POST /generate streams what `attnkit lm generate` prints (spaces between words), POST /explore shows the
     imported model's self-attention over [memory | segment]."""
-    pytest.importorskip("fastapi")
-    httpx = pytest.importorskip("httpx")
+    httpx = serve_extra()
     from attnkit.serve.lm_app import create_lm_app
     from serving import events, running
 

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from attnkit.cli.main import main
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.nn import int8_unavailable
+from conftest import serve_extra
 from marian_models import PAIRS, SAMPLE, TAGS, TARGET_TEXT, load_marian, write_marian
 
 # MarianTokenizer asks for sacremoses, which it uses only in a method nothing here calls
@@ -164,8 +165,7 @@ def test_plot_attention_html_shows_the_tag_and_the_translation(imported, capsys,
 
 
 def test_serve_translates_and_explores_into_the_target_tag(imported):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = serve_extra()
     from browser import Explorer, chromium, missing, served
 
     _, ckpt, _ = imported

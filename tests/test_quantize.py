@@ -12,6 +12,7 @@ from attnkit.decode import DecodeOptions, Translator
 from attnkit.decode import translator as translator_module
 from attnkit.errors import ConfigError
 from attnkit.nn import int8_unavailable
+from conftest import serve_extra
 
 pytestmark = pytest.mark.skipif(bool(int8_unavailable()), reason=int8_unavailable() or "int8 runs here")
 SOURCES = ["drei hundert zwei", "sieben", "neun zehn", "vier tausend eins"]
@@ -65,7 +66,7 @@ def test_translate_quantize_int8_on_the_command_line(checkpoint, tmp_path, capsy
 
 
 def test_health_names_the_int8_kernels_the_service_runs(checkpoint):
-    httpx = pytest.importorskip("httpx")
+    httpx = serve_extra()
     from attnkit.nn import int8_kernels, int8_scheme
     from attnkit.serve.app import create_app
     from serving import running

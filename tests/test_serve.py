@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
-httpx = pytest.importorskip("httpx")
+from conftest import serve_extra  # noqa: E402
+
+httpx = serve_extra()
 
 from attnkit.serve import create_app  # noqa: E402
 from serving import BOOM, FaultyTranslator, free_port, running  # noqa: E402

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
-httpx = pytest.importorskip("httpx")
+from conftest import serve_extra  # noqa: E402
+
+httpx = serve_extra()
 
 from attnkit.checkpoint import load_lm_checkpoint  # noqa: E402
 from attnkit.cli.main import main  # noqa: E402

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("prometheus_client")
-httpx = pytest.importorskip("httpx")
+from conftest import serve_extra  # noqa: E402
+
+httpx = serve_extra()
 
 from attnkit.decode.translator import Translator  # noqa: E402
 from attnkit.runtime import resident_mb  # noqa: E402

@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-pytest.importorskip("fastapi")
+from conftest import serve_extra  # noqa: E402
+
+httpx = serve_extra()
 schemathesis = pytest.importorskip("schemathesis")
-httpx = pytest.importorskip("httpx")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("prometheus_client")
-httpx = pytest.importorskip("httpx")
+from conftest import serve_extra  # noqa: E402
+
+httpx = serve_extra()
 
 from packaging.requirements import Requirement  # noqa: E402
 from packaging.specifiers import SpecifierSet  # noqa: E402

@@ -37,11 +37,19 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
-def configure_backends(device: torch.device) -> None:
-    """TF32 matmuls on CUDA (Ampere and later): free speed, ample precision for training."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+@contextlib.contextmanager
+def tf32_products(device: torch.device):
+    """TF32 matmuls and convolutions on CUDA (Ampere and later) inside the block: free speed, ample precision for
+    training. The switches are process-wide, so the block restores what the host had set."""
+    if device.type != "cuda":
+        yield
+        return
+    kept = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = kept
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)

@@ -67,15 +67,15 @@ def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 25
         t = max(1, int(w * segment_fraction))
         m = w - t
         window = torch.randint(config.vocab_size, (1, w), device=device)
-        vanilla_s = timed(lambda window=window: vanilla(window), 1, runs)
+        vanilla_s = timed(lambda window=window: vanilla(window), 1, runs, device)
         segment = torch.randint(config.vocab_size, (1, t), device=device)
         # the memory as streaming evaluation carries it: the states and their keys/values of M positions
         _, mems = xl(torch.randint(config.vocab_size, (1, m), device=device), mem_len=m)
-        xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs)
+        xl_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m), 1, runs, device)
         again_s = None
         if recompute:
             again_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m, reuse_keys=False),
-                            1, runs)
+                            1, runs, device)
         peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb()
         rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t, peak,
                              None if again_s is None else again_s * 1e3 / t))

@@ -62,14 +62,22 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(fn: Callable[[], object], warmup: int, runs: int) -> float:
-    """Median seconds of `runs` calls after `warmup` untimed ones."""
+def timed(fn: Callable[[], object], warmup: int, runs: int, device: torch.device | None = None) -> float:
+    """Median seconds of `runs` calls after `warmup` untimed ones. On a CUDA `device` every timed call ends when
+    its kernels have run (they are launched asynchronously: unsynchronised, a call's time is its launches')."""
+
+    def wait() -> None:
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for _ in range(warmup):
         fn()
+    wait()
     times = []
     for _ in range(runs):
         start = time.perf_counter()
         fn()
+        wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

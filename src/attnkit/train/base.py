@@ -30,7 +30,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_c
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
-from attnkit.runtime import configure_backends, resolve_device, seed_everything
+from attnkit.runtime import resolve_device, seed_everything, tf32_products
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.schedules import make_schedule
@@ -71,7 +71,6 @@ class TrainerBase:
     def build(self) -> None:
         """Device, seed, model, optimizer and schedule from `self.cfg`."""
         t = self.cfg.train
-        configure_backends(self.device)
         seed_everything(t.seed)
         self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
         if t.compile:  # in place: the state dict keeps its names; new shapes recompile (dynamic after the first)
@@ -177,9 +176,10 @@ class TrainerBase:
 
     # --- the loop and its interruption ------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        """Train until the budget is spent (see `run`); SIGINT / SIGTERM save `last`, then raise Interrupted."""
+        """Train until the budget is spent (see `run`), with TF32 products on CUDA; SIGINT / SIGTERM save `last`, then
+        raise Interrupted."""
         try:
-            with self.stop_on_signals():
+            with self.stop_on_signals(), tf32_products(self.device):
                 result = self.run()
             self.dist.barrier()  # ranks tear the process group down together, none while another still talks
             return result

@@ -9,6 +9,7 @@ from typing import Any
 
 from attnkit.io import atomic_open
 from attnkit.runtime import resident_mb
+from attnkit.viz.fonts import said_once
 
 FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "chrf",
           "exact", "rss_mb"]
@@ -62,8 +63,9 @@ class MetricsLog:
         """A matplotlib figure as a TensorBoard image at `step` (laid out, rendered, then closed)."""
         if self.tb is None:
             return
-        fig.tight_layout()
-        self.tb.add_figure(tag, fig, step, close=True)
+        with said_once(fig):  # the figure's fonts are fitted (viz.report); a missing CJK font was said once
+            fig.tight_layout()
+            self.tb.add_figure(tag, fig, step, close=True)
         self.tb.flush()
 
     def say(self, message: str) -> None:

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from attnkit.io import atomic_write_bytes  # noqa: E402
-from attnkit.viz.fonts import fit_fonts  # noqa: E402
+from attnkit.viz.fonts import fit_fonts, said_once  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -32,9 +32,10 @@ class Plot:
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     """Lay out and render `fig` to PNG bytes, then close it (figures left open leak memory in long runs)."""
     fit_fonts(fig)  # before the layout: it measures the text in the fonts that will draw it
-    fig.tight_layout()  # only for files: the layout pass costs a full draw
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    with said_once(fig):
+        fig.tight_layout()  # only for files: the layout pass costs a full draw
+        fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return buf.getvalue()
 

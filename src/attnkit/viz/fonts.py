@@ -7,6 +7,7 @@ a family list), never in the global rcParams, so importing or calling attnkit le
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import warnings
@@ -29,6 +30,10 @@ CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "WenQu
 CJK = re.compile("[\u1100-\u11ff\u2e80-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\ufe10-\ufe1f\ufe30-\ufe4f"
                  "\uff00-\uffef\U00020000-\U0003ffff]")
 PROBE = ord("中")  # a glyph every CJK font has
+# matplotlib's warning for a character its fonts lack, "Glyph 21435 (\N{CJK UNIFIED IDEOGRAPH-53BB}) missing from
+# font(s) DejaVu Sans.", where the character is one of CJK's (by its Unicode name)
+CJK_GLYPH_MISSING = r"Glyph \d+ \(\\N\{(CJK|IDEOGRAPHIC|HIRAGANA|KATAKANA|HANGUL|BOPOMOFO|FULLWIDTH|HALFWIDTH)"
+NO_CJK_FONT = "_attnkit_no_cjk_font"  # set on a figure whose CJK text has no font to draw it
 
 
 def has_cjk(text: str) -> bool:
@@ -83,9 +88,23 @@ def fit_fonts(fig: Figure) -> Figure:
     family = cjk_family()
     if family is None:
         warn_no_cjk_font()
+        setattr(fig, NO_CJK_FONT, True)
         return fig
     for t in texts:
         own = list(t.get_fontfamily())
         if family not in own:
             t.set_fontfamily([*own, family])
     return fig
+
+
+@contextlib.contextmanager
+def said_once(fig: Figure):
+    """Around attnkit's own drawing of `fig`: where its CJK text has no font, `warn_no_cjk_font` has said so once,
+    so matplotlib's warning per missing CJK character and per draw (dozens a picture, again at every epoch of a
+    training run) is left out. Other missing glyphs, and a caller's own draws, still warn."""
+    if not getattr(fig, NO_CJK_FONT, False):
+        yield
+        return
+    with warnings.catch_warnings():  # restores the filters on the way out
+        warnings.filterwarnings("ignore", message=CJK_GLYPH_MISSING, category=UserWarning)
+        yield
