@@ -8,6 +8,7 @@ Products run in true float32 here (TF32 off), so CPU and GPU agree to float32 ro
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -60,8 +61,6 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def on(device: torch.device, module: torch.nn.Module) -> torch.nn.Module:
     """A copy of `module` on `device` (the CPU original stays)."""
-    import copy
-
     return copy.deepcopy(module).to(device)
 
 
