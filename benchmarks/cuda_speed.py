@@ -3,7 +3,8 @@ bench's PyTorch peer), with the peak GPU memory beside every figure.
 
     python benchmarks/cuda_speed.py [--json FILE]    # on a machine with a CUDA GPU (benchmarks/cuda.sh runs it)
 
-- training: full steps (zero_grad .. Adam step, label-smoothed cross-entropy) at the workload's batch (64 x 24)
+- training: the bench's full steps (bench.measure: zero_grad .. Adam step, label-smoothed cross-entropy; the
+  figures of 2026-11-26 in docs/speed.md were taken with fused Adam) at the workload's batch (64 x 24)
   and at a GPU-sized one (1,024 x 24 = 24,576 target tokens), float32 with TF32 products and bf16 autocast;
   5 warm-up steps, the median of 20;
 - decoding: exactly 24 new tokens per source, greedy over 64 sources and beam 5 over 16 (the workload's shapes),
@@ -19,13 +20,13 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
-from attnkit.bench.measure import timed, toolkit
-from attnkit.bench.workloads import MTAdapter, MTShape, mt_batch
-from attnkit.runtime import autocast, tf32_products
+from attnkit.bench.measure import mt_decode, mt_train_case, toolkit, train_throughput
+from attnkit.bench.workloads import MTAdapter, MTShape
+from attnkit.runtime import tf32_products
 
 CUDA = torch.device("cuda")
 TRAIN_BATCHES = (64, 1024)
@@ -42,38 +43,20 @@ def peak_mb() -> float:
 
 
 def train(adapter: MTAdapter, s: MTShape, batch: int, dtype: str) -> dict:
+    """The bench's training step (bench.measure) on the GPU at `batch` pairs, TF32 products as attnkit trains."""
     torch.manual_seed(0)
     fresh_peak()
-    model = adapter.build(s).to(CUDA).train()
-    src, tgt_in, tgt = (t.to(CUDA) for t in mt_batch(batch, s))  # (B, S), (B, T), (B, T)
-    opt = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9, fused=True)
-
-    def step() -> None:
-        opt.zero_grad()
-        with autocast(CUDA, dtype):
-            logits = adapter.logits(model, src, tgt_in)  # (B, T, V)
-        F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt.reshape(-1), label_smoothing=0.1).backward()
-        opt.step()
-
     with tf32_products(CUDA):
-        sec = timed(step, s.warmup, s.steps, CUDA)
-    return {"tok_s": tgt.numel() / sec, "step_ms": 1e3 * sec, "peak_mb": peak_mb()}
+        got = train_throughput(mt_train_case(adapter, replace(s, train_batch=batch), CUDA), s.warmup, dtype)
+    return {"tok_s": got["tok_s"], "step_ms": 1e3 * got["step_s"], "peak_mb": peak_mb()}
 
 
 def decode(adapter: MTAdapter, s: MTShape, beam: int, n: int) -> dict:
+    """The bench's decoding (bench.measure) on the GPU over `n` sources."""
     torch.manual_seed(0)
     fresh_peak()
-    model = adapter.build(s).to(CUDA).eval()
-    src = mt_batch(n, s)[0].to(CUDA)  # (n, S)
-
-    def run() -> None:
-        with torch.no_grad():
-            out = adapter.generate(model, src, beam, s.tgt_len)  # (n, T)
-        if tuple(out.shape) != (n, s.tgt_len):
-            raise RuntimeError(f"generated {tuple(out.shape)}, not {(n, s.tgt_len)}")
-
-    sec = timed(run, 1, s.decode_runs, CUDA)
-    return {"tok_s": n * s.tgt_len / sec, "run_ms": 1e3 * sec, "peak_mb": peak_mb()}
+    got = mt_decode(adapter, replace(s, greedy_batch=n) if beam == 1 else replace(s, beam_batch=n), beam, device=CUDA)
+    return {"tok_s": got["tok_s"], "run_ms": 1e3 * got["run_s"], "peak_mb": peak_mb()}
 
 
 def cases(s: MTShape) -> list[tuple[str, Callable[[MTAdapter], dict]]]:

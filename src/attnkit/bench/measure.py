@@ -56,6 +56,8 @@ from attnkit.bench.workloads import (
     opus_sources,
 )
 
+CPU = torch.device("cpu")
+
 
 # --- timing, memory, FLOPs -------------------------------------------------------------------------
 def peak_rss_mb() -> float:
@@ -82,11 +84,11 @@ def timed(fn: Callable[[], object], warmup: int, runs: int, device: torch.device
     return statistics.median(times)
 
 
-def autocast(dtype: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on the CPU for `--dtype bfloat16`; nothing for float32."""
+def autocast(dtype: str, device: torch.device = CPU) -> contextlib.AbstractContextManager:
+    """bf16 autocast (on the CPU unless told) for `--dtype bfloat16`; nothing for float32."""
     from attnkit.runtime import autocast as device_autocast
 
-    return device_autocast(torch.device("cpu"), dtype)
+    return device_autocast(device, dtype)
 
 
 def _cpu_flash_flops(query, key, value, *args, **kwargs) -> int:
@@ -152,18 +154,19 @@ class TrainCase:
     loss: Callable[[int, str], torch.Tensor]  # (step, dtype) -> scalar
     tokens: int
     steps: int  # batches the data holds (warm-up + timed)
+    device: torch.device = CPU
 
 
-def mt_train_case(adapter: MTAdapter, s: MTShape) -> TrainCase:
-    model = adapter.build(s).train()
-    src, tgt_in, tgt = mt_batch(s.train_batch, s)  # (B, S), (B, T), (B, T)
+def mt_train_case(adapter: MTAdapter, s: MTShape, device: torch.device = CPU) -> TrainCase:
+    model = adapter.build(s).to(device).train()
+    src, tgt_in, tgt = (t.to(device) for t in mt_batch(s.train_batch, s))  # (B, S), (B, T), (B, T)
 
     def loss(i: int, dtype: str) -> torch.Tensor:
-        with autocast(dtype):
+        with autocast(dtype, device):
             logits = adapter.logits(model, src, tgt_in)  # (B, T, V)
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt.reshape(-1), label_smoothing=0.1)
 
-    return TrainCase(model, loss, tgt.numel(), s.warmup + s.steps)
+    return TrainCase(model, loss, tgt.numel(), s.warmup + s.steps, device)
 
 
 def lm_train_case(adapter: LMAdapter, s: LMShape) -> TrainCase:
@@ -193,7 +196,7 @@ def train_throughput(case: TrainCase, warmup: int, dtype: str) -> dict:
         opt.step()
         step_i += 1
 
-    sec = timed(step, warmup, case.steps - warmup)
+    sec = timed(step, warmup, case.steps - warmup, case.device)
     flops = count_step_flops(case.model, lambda: case.loss(case.steps - 1, dtype))  # full memory, last batch
     return {"tok_s": case.tokens / sec, "step_s": sec, "flops_per_step": flops, "gflop_s": flops / sec / 1e9}
 
@@ -204,12 +207,14 @@ def mt_sources(n: int, s: MTShape) -> torch.Tensor:
 
 
 def mt_decode(adapter: MTAdapter, s: MTShape, beam: int, sources: Callable[[int, MTShape], torch.Tensor] = mt_sources,
-              keep_outputs: bool = False) -> dict:
+              keep_outputs: bool = False, device: torch.device = CPU) -> dict:
     """Greedy (beam 1) or beam search: exactly T new tokens per source; one warm-up run, median of the rest.
     keep_outputs: the last run's output ids go into the result (`output_ids`, (n, T) as lists)."""
     model, rss_build = adapter.build(s).eval(), peak_rss_mb()
+    if device != CPU:  # (the imported-Marian adapter's model is not a module: it decodes on the CPU)
+        model = model.to(device)
     n = s.greedy_batch if beam == 1 else s.beam_batch
-    src, last = sources(n, s), []  # (n, S)
+    src, last = sources(n, s).to(device), []  # (n, S)
 
     def run() -> None:
         with torch.no_grad():
@@ -218,7 +223,7 @@ def mt_decode(adapter: MTAdapter, s: MTShape, beam: int, sources: Callable[[int,
             raise RuntimeError(f"generated {tuple(out.shape)}, not {(n, s.tgt_len)}")
         last[:] = [out]
 
-    sec = timed(run, 1, s.decode_runs)
+    sec = timed(run, 1, s.decode_runs, device)
     figures = {"tok_s": n * s.tgt_len / sec, "run_s": sec, "rss_after_build_mb": rss_build, "params": n_params(model)}
     return figures | ({"output_ids": last[0].tolist()} if keep_outputs else {})
 
