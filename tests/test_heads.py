@@ -29,3 +29,29 @@ def test_heads_trains_each_count_at_equal_d_model_and_tabulates_bleu(tmp_path, d
     assert main(["experiment", "heads", "--data", str(data_dir), "--out", str(out), "--heads", "3",
                  "--model.d_model=16"]) == 2
     assert "divide d_model 16" in capsys.readouterr().err
+
+
+def test_parts_trains_each_row_for_the_same_updates_with_its_one_change(tmp_path, data_dir, capsys):
+    """`attnkit experiment parts`: each row is the preset with exactly its part's switch, every row the same updates
+    and no time limit."""
+    from attnkit.experiments.parts import PARTS
+
+    out, parts = tmp_path / "parts", ["paper", "no-residual", "no-ffn", "shared-qk", "no-scale", "no-positions"]
+    argv = ["experiment", "parts", "--data", data_dir, "--out", out, "--parts", *parts, "--updates", "3", "--quiet",
+            "--model.d_model=16", "--model.d_ff=32", "--model.n_heads=2", "--model.n_encoder_layers=1",
+            "--model.n_decoder_layers=1", "--train.max_tokens=400", "--train.device=cpu", "--train.eval_bleu=false",
+            "--max-len-b", "4"]
+    assert main(argv) == 0, capsys.readouterr().err
+    with open(out / "parts.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["part"], r["what changes"], r["steps"]) for r in rows] == [(p, PARTS[p][0], "3") for p in parts]
+    paper = load_checkpoint(out / "paper" / "checkpoints" / "last.safetensors").config
+    assert paper.train.max_minutes == 0 and paper.train.max_steps == 3
+    for part in parts[1:]:
+        config = load_checkpoint(out / part / "checkpoints" / "last.safetensors").config
+        changed = {k for k, v in vars(config.model).items() if v != getattr(paper.model, k)}
+        assert changed == {o.split("=")[0].removeprefix("model.") for o in PARTS[part][1]}, part
+    assert (out / "parts.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["experiment", "parts", "--data", str(data_dir), "--out", str(out), "--updates", "3", "--minutes",
+                 "2"]) == 2
+    assert "the one budget" in capsys.readouterr().err

@@ -223,6 +223,7 @@ EXPORTS = {
     "joint-relu": dict(),
     "separate-swish-bias-untied": dict(joint=False, activation="swish", output_bias=True, tie_output=False),
     "joint-gelu-bias": dict(activation="gelu", output_bias=True),
+    "no-wo-zero-pad-positions": dict(output_projection=False, zero_pad_positions=True),  # W^O = I; pads masked
 }
 
 
@@ -300,11 +301,10 @@ def test_a_failed_export_never_brings_back_a_folder_an_earlier_crash_left(tmp_pa
 @pytest.mark.parametrize("model,words", [
     (dict(norm_first=True), "pre-LN Transformer (model.norm_first)"),
     (dict(layer_norm_eps=1e-8), "epsilon 1e-08 (model.layer_norm_eps)"),
-    (dict(output_projection=False), "model.output_projection: false"),
-    (dict(zero_pad_positions=True), "model.zero_pad_positions"),
     (dict(positions="learned"), "model.positions: learned"),
     (dict(positions="none"), "model.positions: none"),
     (dict(sublayer_dropout=False), "model.sublayer_dropout: false"),
+    (dict(ffn=False, shared_qk=True), "model.ffn: false, model.shared_qk: true: MarianMTModel's layers have every"),
 ], ids=str)
 def test_export_refuses_what_marian_cannot_express(tmp_path, model, words):
     attnkit_checkpoint(tmp_path / "model.safetensors", **model)

@@ -30,13 +30,14 @@ def ids(b: int, t: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(4, 40, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "none"])
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "none", "shaw"])
 def test_the_embedding_adds_what_the_positions_name(kind):
-    """Scaled tokens plus the sinusoid's rows, the learned table's rows, or nothing, from the offset on."""
+    """Scaled tokens plus the sinusoid's rows, the learned table's rows, or nothing (shaw's are in the attention),
+    from the offset on."""
     m = seq2seq(positions=kind, max_positions=12)
     x = ids(2, 5)
     expected = {"sinusoidal": sinusoid_table(12, 16)[3:8].double(), "learned": m.positions.table[3:8],
-                "none": torch.zeros(5, 16, dtype=torch.double)}[kind]
+                "none": torch.zeros(5, 16, dtype=torch.double), "shaw": torch.zeros(5, 16, dtype=torch.double)}[kind]
     torch.testing.assert_close(m.embed(m.src_embed, x, offset=3), m.src_embed(x) * 4.0 + expected)  # sqrt(16) = 4
 
 
@@ -49,7 +50,7 @@ def test_learned_positions_are_trained_and_saved_and_only_the_rows_used_get_grad
     assert used.tolist() == [True] * 6 + [False] * 6
 
 
-@pytest.mark.parametrize("kind", ["learned", "none"])
+@pytest.mark.parametrize("kind", ["learned", "none", "shaw"])
 def test_cached_decoding_reads_each_step_at_its_own_position(kind):
     """The step at position t adds row t (the cache's offset), as the teacher-forced pass does."""
     m = seq2seq(positions=kind)
@@ -77,7 +78,7 @@ def test_without_positions_the_encoder_is_permutation_equivariant_and_with_them_
     set of keys and values, do not change at all. Any absolute positions break both."""
     src, tgt = ids(2, 9), ids(2, 5, 1)
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(3))
-    for kind, blind in (("none", True), ("sinusoidal", False), ("learned", False)):
+    for kind, blind in (("none", True), ("sinusoidal", False), ("learned", False), ("shaw", False)):
         m = seq2seq(positions=kind)
         memory, shuffled = m.encode(src).memory, m.encode(src[:, perm]).memory  # (B, S, D)
         assert torch.allclose(shuffled, memory[:, perm]) is blind, kind
@@ -96,5 +97,5 @@ def test_the_vanilla_lms_add_the_learned_rows(kind):
 def test_transformer_xl_refuses_absolute_positions_and_unknown_kinds_are_named():
     with pytest.raises(ConfigError, match="Transformer-XL's relative positions are sinusoids"):
         TransformerXLConfig(kind="transformer-xl", positions="learned")
-    with pytest.raises(ConfigError, match="model.positions must be one of sinusoidal, learned, none, not 'rope'"):
+    with pytest.raises(ConfigError, match="model.positions must be one of sinusoidal, learned, none, shaw, not 'rope'"):
         tiny_model_config(positions="rope")

@@ -24,9 +24,8 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 RETIRED = {"model": {"pad_id": PAD_ID}}
 # The FFN activations: relu (the paper), gelu (erf, as F.gelu), swish = SiLU, x * sigmoid(x) (Marian's)
 ACTIVATIONS = ("relu", "gelu", "swish")
-# Absolute positions added to the embeddings: sinusoidal (the paper's section 3.5), learned (a trained row per
-# position, ConvS2S / BERT; at most max_positions) or none (order-blind: the encoder is permutation-equivariant)
-POSITIONS = ("sinusoidal", "learned", "none")
+# Positions: sinusoidal (section 3.5) | learned rows added to the embeddings; none (order-blind); shaw (Shaw et al.)
+POSITIONS = ("sinusoidal", "learned", "none", "shaw")
 
 
 def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
@@ -73,23 +72,31 @@ class TransformerConfig:
     tie_output: bool = True  # output projection = target embedding matrix
     output_bias: bool = False  # a learned bias on the vocabulary logits (`out_bias`; Marian's final_logits_bias)
     max_positions: int = 1024
-    positions: str = "sinusoidal"  # sinusoidal (section 3.5) | learned (a row per position, ConvS2S / BERT) | none
-    # Structural switches; the defaults are the paper's model, the other values those of Kyubyong Park's TensorFlow
-    # Transformer (docs/kyubyong.md, the `kyubyong` preset).
+    positions: str = "sinusoidal"  # sinusoidal (section 3.5) | learned (a row per position) | none | shaw (POSITIONS)
+    relative_clip: int = 16  # positions: shaw: distances clipped to +-k (Shaw et al. 2018's k; tensor2tensor's 16)
+    # Structural switches, the defaults the paper's model: Kyubyong Park's TensorFlow Transformer sets the next four
+    # (docs/kyubyong.md, the `kyubyong` preset), and the last four take one part of the paper's layer away each.
     output_projection: bool = True  # W^O after concatenating the heads (section 3.2.2); false: the concatenation
     sublayer_dropout: bool = True  # `dropout` on each sublayer's output before the residual sum; false: embeddings only
     layer_norm_eps: float = 1e-5  # every LayerNorm's epsilon (torch's default; Kyubyong Park's is 1e-8)
     zero_pad_positions: bool = False  # no positional encoding at padding positions (Kyubyong Park's masking)
+    residual: bool = True  # x + Sublayer(x) in every block (section 3.1); false: the sublayer's output alone
+    ffn: bool = True  # the position-wise FFN in every layer (section 3.3); false: the attention blocks alone
+    scale_scores: bool = True  # q . k / sqrt(d_k) (section 3.2.1); false: the raw dot products
+    shared_qk: bool = False  # keys from the queries' projection, W^K = W^Q (the Reformer's); false: their own W^K
 
     def __post_init__(self) -> None:
         _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
-                        "n_decoder_layers", "max_positions")
+                        "n_decoder_layers", "max_positions", "relative_clip")
         _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
         _check_heads(self)
         if not 0.0 < self.layer_norm_eps < 1.0:
             raise ConfigError(f"model.layer_norm_eps must be in (0, 1), not {self.layer_norm_eps}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
+        if sum((self.shared_qk, not self.output_projection, self.positions == "shaw")) > 1:
+            raise ConfigError("model.shared_qk, model.output_projection: false and model.positions: shaw are variants "
+                              "of the attention; choose one")
 
 
 _SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")
@@ -276,11 +283,9 @@ def replace(cfg: Any, **changes: Any) -> Any:
 # --- language models: Transformer-XL and the vanilla Transformer LM -------------------------------------------------
 @dataclass(frozen=True)
 class TransformerXLConfig:
-    """A decoder-only LM: Transformer-XL (Dai et al. 2019) or the vanilla LM (Al-Rfou et al. 2018).
-
-    Memory and position knobs that may differ between training and evaluation (mem_len, clamp_len)
-    live in LMTrainConfig and are passed to `forward`; the model config holds the architecture.
-    """
+    """A decoder-only LM: Transformer-XL (Dai et al. 2019) or the vanilla LM (Al-Rfou et al. 2018). Memory and position
+    knobs that may differ between training and evaluation (mem_len, clamp_len) live in LMTrainConfig and are passed
+    to `forward`; the model config holds the architecture."""
 
     kind: str = "transformer-xl"  # transformer-xl | vanilla-lm | recurrent-vanilla-lm
     vocab_size: int = 256
@@ -298,8 +303,9 @@ class TransformerXLConfig:
     share_uv: bool = False
     tie_output: bool = True  # output word vectors = input embedding (with cutoffs: tables and projections per cluster)
     max_positions: int = 1024  # vanilla: the sinusoids extend beyond this when needed, learned rows cannot
-    # vanilla: sinusoidal | learned | none absolute positions (the XL's relative positions are sinusoids, always)
+    # vanilla: sinusoidal | learned | none | shaw (POSITIONS); the XL's relative positions are sinusoids, always
     positions: str = "sinusoidal"
+    relative_clip: int = 16  # positions: shaw: distances clipped to +-k
     # Adaptive input + adaptive softmax over the frequency-sorted vocabulary: cluster boundaries (ids below
     # cutoffs[0] are the head's shortlist; [] = one table and the full softmax), and the embedding size of
     # cluster i is d_model // div_val**i (Transformer-XL's div_val; 1 = full size everywhere).
@@ -310,7 +316,7 @@ class TransformerXLConfig:
         if self.kind not in kinds("lm", TransformerXLConfig):
             raise ConfigError(f"model.kind must be one of {', '.join(kinds('lm', TransformerXLConfig))}, "
                               f"not {self.kind!r}")
-        _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions")
+        _check_positive(self, "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions", "relative_clip")
         _check_heads(self)
         if self.kind == "transformer-xl" and self.positions != "sinusoidal":
             raise ConfigError(f"model.positions={self.positions!r}: Transformer-XL's relative positions are "
@@ -417,13 +423,13 @@ class RNNConfig:
     cell: str = "gru"  # gru | lstm
     embed_dim: int = 256
     hidden: int = 512  # decoder state = encoder output; a bidirectional encoder has hidden/2 per direction
-    attention_dim: int = 0  # additive attention (rnn-bahdanau, rnn-hard): MLP size; 0 = hidden
+    attention_dim: int = 0  # additive attention (rnn-bahdanau, rnn-hard, rnn-luong concat): MLP size; 0 = hidden
     n_encoder_layers: int = 1
     n_decoder_layers: int = 1
     bidirectional: bool = True
     dropout: float = 0.2  # embeddings, between stacked RNN layers, before the output layer
     reverse_source: bool = False  # read the source backwards (Sutskever et al. 2014)
-    score: str = "general"  # rnn-luong: dot | general (bilinear)
+    score: str = "general"  # rnn-luong: dot | general (bilinear) | concat (an MLP) | cosine (scaled, learned scale)
     input_feeding: bool = True  # rnn-luong: feed the attentional state h~_{t-1} into step t
     estimator: str = "reinforce"  # rnn-hard: reinforce (+ moving-average baseline) | gumbel (straight-through)
     gumbel_tau: float = 1.0  # rnn-hard with gumbel: temperature of the relaxed sample
@@ -431,8 +437,8 @@ class RNNConfig:
     max_positions: int = 1024  # longest source the translator accepts (an RNN has no position table)
 
     def __post_init__(self) -> None:
-        choices = {"kind": kinds("seq2seq", RNNConfig), "cell": ("gru", "lstm"), "score": ("dot", "general"),
-                   "estimator": ("reinforce", "gumbel")}
+        choices = {"kind": kinds("seq2seq", RNNConfig), "cell": ("gru", "lstm"),
+                   "score": ("dot", "general", "concat", "cosine"), "estimator": ("reinforce", "gumbel")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")

@@ -3,6 +3,7 @@
     attnkit experiment compare --data DIR --out DIR --models rnn-seq2seq rnn-bahdanau transformer-small --minutes 45
     attnkit experiment by-length --data DIR --out DIR --checkpoints RUN1/checkpoints/best.safetensors ...
     attnkit experiment heads --data DIR --out DIR --preset transformer-small --heads 1 2 4 8 --minutes 15
+    attnkit experiment parts --data DIR --out DIR --preset multi30k --updates 3000
     attnkit experiment lm-ablation --data wikitext-2 --out DIR --minutes-per-model 30
     attnkit experiment xl-table6 --data wikitext-2 --out DIR --updates 4000
     attnkit experiment recl --data wikitext-2 --out DIR --updates 4000
@@ -24,7 +25,8 @@ from attnkit.errors import AttnkitError
 
 def add_parsers(sub) -> dict[str, Callable]:
     p = sub.add_parser("experiment", help="compare model families: compare (same budget), by-length (BLEU per "
-                                          "length), heads (1..8 heads), lm-ablation (recurrence x positions), "
+                                          "length), heads (1..8 heads), parts (one part taken away per row), "
+                                          "lm-ablation (recurrence x positions), "
                                           "xl-table6, recl, planted-recall (Transformer-XL's claims)")
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
@@ -57,6 +59,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_device_option(b)
     add_decode_options(b)
     _add_heads(ex)
+    _add_parts(ex)
     _add_lm_ablation(ex)
     _add_xl_table6(ex)
     _add_recl(ex)
@@ -84,6 +87,23 @@ def _add_heads(ex) -> None:
     h.add_argument("--preset", default="transformer-small", metavar="PRESET|FILE", help="the model every row trains")
     h.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4, 8], help="numbers of heads; each divides d_model")
     _add_budget_options(h, "the preset's")
+
+
+def _add_parts(ex) -> None:
+    from attnkit.experiments.parts import PARTS
+
+    p = ex.add_parser("parts", help="one preset with one part of the paper's model taken away per row (residual, FFN, "
+                                    "W^O, separate keys, sqrt(d_k), positions); equal updates; dev/test BLEU")
+    p.set_defaults(trains=True, run=cmd_parts)
+    add_overrides(p)
+    p.add_argument("--data", required=True, help="folder written by `attnkit prepare` (e.g. Multi30k)")
+    p.add_argument("--out", required=True, help="folder for the runs (OUT/<part>), parts.{csv,md,png}")
+    p.add_argument("--preset", default="transformer-small", metavar="PRESET|FILE", help="the model every row trains")
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS), metavar="PART",
+                   help=f"rows: {', '.join(PARTS)} (default: all)")
+    p.add_argument("--updates", type=int, help="the same number of updates for every row, without a time limit "
+                                               "(default: the preset's budget)")
+    _add_budget_options(p, "the preset's")
 
 
 def _add_lm_ablation(ex) -> None:
@@ -237,6 +257,16 @@ def cmd_heads(args: argparse.Namespace, overrides: list[str]) -> None:
                   options=decode_options(args), force=args.force, reuse=args.reuse, progress=not args.quiet)
     print((Path(args.out) / "heads.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {args.out}/heads.csv, heads.md, heads.png ({len(args.heads)} models)")
+
+
+def cmd_parts(args: argparse.Namespace, overrides: list[str]) -> None:
+    from attnkit.experiments.compare import compare_parts
+
+    compare_parts(args.preset, args.parts, args.data, args.out, updates=args.updates, overrides=overrides,
+                  minutes=args.minutes, options=decode_options(args), force=args.force, reuse=args.reuse,
+                  progress=not args.quiet)
+    print((Path(args.out) / "parts.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {args.out}/parts.csv, parts.md, parts.png ({len(args.parts)} models)")
 
 
 def cmd_lm_ablation(args: argparse.Namespace, overrides: list[str]) -> None:

@@ -1,6 +1,6 @@
 """`attnkit plot WHAT`: the pictures of attnkit.viz, one sub-verb each.
 
-attention (PNG grids, --html page, --stats), decoding, positions, schedule, curves, softmax, report.
+attention (PNG grids, --html page, --stats), decoding, positions, order, schedule, curves, softmax, report.
 Every output goes to --out and is never overwritten without --force.
 """
 
@@ -17,7 +17,8 @@ HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    p = sub.add_parser("plot", help="pictures: attention, decoding, positions, schedule, curves, softmax, report")
+    p = sub.add_parser("plot", help="pictures: attention, decoding, positions, order, schedule, curves, softmax, "
+                                    "report")
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
     _add_attention_parser(what)
@@ -41,6 +42,17 @@ def add_parsers(sub) -> dict[str, Callable]:
     pos.add_argument("--fit-positions", type=int, default=1000,
                      help="with --linear: positions p the maps are fitted over (more than --d-model)")
     _out(pos, "positions.png")
+
+    o = what.add_parser("order", help="without positions attention cannot see order: one encoder map of a "
+                                      "sentence and of its shuffle, without positions and with sinusoids")
+    o.add_argument("--src", type=text, default="the cat sat on the mat because it was warm",
+                   help="the sentence (words split at spaces for the random model; a checkpoint's own tokenizer)")
+    o.add_argument("--checkpoint", help="a Transformer translation checkpoint whose encoder is drawn (default: a "
+                                        "small model with seeded random weights)")
+    o.add_argument("--layer", type=int, default=-1, help="encoder layer counted from 1 (-1 = the last)")
+    o.add_argument("--head", type=int, default=1, help="head, counted from 1")
+    o.add_argument("--seed", type=int, default=0, help="seed of the shuffle (and of the random model)")
+    _out(o, "order.png")
 
     s = what.add_parser("schedule", help="the learning-rate curve of a configured schedule")
     add_overrides(s)
@@ -330,6 +342,19 @@ def plot_softmax_cmd(args, overrides: list[str]) -> None:
     print(f"wrote {args.out}")
 
 
+def plot_order_cmd(args, overrides: list[str]) -> None:
+    from attnkit.viz.order import plot_order_blindness
+
+    plot = plot_order_blindness(_new(args.out, args.force), args.src, checkpoint=args.checkpoint, layer=args.layer,
+                                head=args.head, seed=args.seed)
+    d = plot.data
+    print(f"tokens: {' '.join(d['tokens'])}\nshuffle: {' '.join(d['tokens'][i] for i in d['order'])}")
+    print(f"encoder layer {d['layer']}, head {d['head']}: largest difference between the sentence's map and its "
+          f"shuffle's (put back): no positions {d['none_max_difference']:.2g}, sinusoids "
+          f"{d['sinusoidal_max_difference']:.2g}")
+    print(f"wrote {args.out}")
+
+
 def plot_report_cmd(args, overrides: list[str]) -> None:
     from attnkit.viz.report import write_report
 
@@ -338,5 +363,5 @@ def plot_report_cmd(args, overrides: list[str]) -> None:
 
 
 PLOTS = {"attention": plot_attention_cmd, "decoding": plot_decoding_cmd, "positions": plot_positions_cmd,
-         "schedule": plot_schedule_cmd, "curves": plot_curves_cmd, "softmax": plot_softmax_cmd,
-         "report": plot_report_cmd}
+         "order": plot_order_cmd, "schedule": plot_schedule_cmd, "curves": plot_curves_cmd,
+         "softmax": plot_softmax_cmd, "report": plot_report_cmd}

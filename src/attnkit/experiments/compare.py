@@ -8,6 +8,9 @@ with the same resolved config and data (`attnkit.experiments.runs`), so a rerun 
 
 `attnkit experiment heads` runs the same machinery over one preset with 1, 2, 4, 8 heads at equal d_model
 (d_k = d_v = d_model / h, so the parameters stay: Vaswani et al. 2017, table 3, rows A) and writes `heads.*`.
+`attnkit experiment parts` runs it over one preset with one part of the paper's model taken away in each row
+(`PARTS`: the residual connections, the FFN, W^O, separate keys, the 1 / sqrt(d_k) scale, the positions) and
+writes `parts.*`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from attnkit.data.dataset import data_languages
 from attnkit.decode import DecodeOptions, Translator, score_targets
 from attnkit.errors import AttnkitError
 from attnkit.eval import translate_and_score
+from attnkit.experiments.parts import PARTS
 from attnkit.experiments.runs import clear_run, record_run, refuse_other_run, run_identity
 from attnkit.experiments.tables import cell, write_table
 from attnkit.nn import prepacked
@@ -150,11 +154,38 @@ def compare_heads(preset: str, heads: Sequence[int], data_dir: str | Path, out_d
                            f"{d_model} once")
     specs = [ModelSpec(f"heads-{h}", preset, (f"model.n_heads={h}",)) for h in heads]
     results = compare_specs(specs, data_dir, out_dir, **kw)
-    fields = [f for f in asdict(results[0]) if f not in ("checkpoint", "kind")]
-    rows = [[h, d_model // h, *(getattr(r, f) for f in fields)] for h, r in zip(heads, results)]
-    write_table(Path(out_dir), "heads", ["heads", "head dim", *fields], rows)
-    plot_compare(results, Path(out_dir) / "heads.png", f"{preset}: heads at d_model {d_model}, same budget")
+    _tabulate(results, Path(out_dir), "heads", ["heads", "head dim"], [[h, d_model // h] for h in heads],
+              f"{preset}: heads at d_model {d_model}, same budget")
     return results
+
+
+def compare_parts(preset: str, parts: Sequence[str], data_dir: str | Path, out_dir: str | Path, *,
+                  updates: int | None = None, **kw) -> list[ModelResult]:
+    """`preset` with one part of the paper's model taken away per row (OUT/<part>, `PARTS`), trained and scored as
+    `compare_models` does (same keywords); `updates` gives every row the same number of updates and no time limit.
+    Writes parts.{csv,md,png}."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or len(set(parts)) != len(parts) or not parts:
+        raise AttnkitError(f"experiment parts: {', '.join(parts) or 'no parts'}: name each of {', '.join(PARTS)} "
+                           "at most once")
+    if updates is not None and (updates < 1 or kw.get("minutes") is not None):
+        raise AttnkitError(f"experiment parts: --updates {updates} must be at least 1, and the one budget (without "
+                           "--minutes)")
+    budget = () if updates is None else (f"train.max_steps={updates}", "train.max_minutes=0")
+    specs = [ModelSpec(part, preset, (*PARTS[part][1], *budget)) for part in parts]
+    results = compare_specs(specs, data_dir, out_dir, **kw)
+    _tabulate(results, Path(out_dir), "parts", ["part", "what changes"], [[p, PARTS[p][0]] for p in parts],
+              f"{preset}: one part taken away per row, " + ("same budget" if updates is None else f"{updates} updates"))
+    return results
+
+
+def _tabulate(results: list[ModelResult], out_dir: Path, name: str, lead_header: list[str], lead: list[list],
+              title: str) -> None:
+    """NAME.{csv,md} with the `lead` columns before every result field, and NAME.png."""
+    fields = [f for f in asdict(results[0]) if f not in ("checkpoint", "kind")]
+    rows = [[*first, *(getattr(r, f) for f in fields)] for first, r in zip(lead, results)]
+    write_table(out_dir, name, [*lead_header, *fields], rows)
+    plot_compare(results, out_dir / f"{name}.png", title)
 
 
 def compare_specs(specs: Sequence[ModelSpec], data_dir: str | Path, out_dir: str | Path, *,

@@ -37,6 +37,7 @@ from attnkit.errors import AttnkitError, CheckpointError, ConfigError
 from attnkit.export.ct2_translator import FORMAT, META_FILE, VERSION, CT2Translator, check_export, require_ctranslate2
 from attnkit.io import atomic_folder, ensure_new_output
 from attnkit.models import Transformer
+from attnkit.models.transformer import removed_parts
 from attnkit.nn import FeedForward, MultiHeadAttention, SinusoidalPositions
 
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")  # weights; default: float32 as trained
@@ -94,6 +95,9 @@ def _check_exportable(model: nn.Module) -> float:
     if not isinstance(model, Transformer):
         raise ConfigError(f"only attnkit's encoder-decoder Transformer exports to CTranslate2, not a "
                           f"{type(model).__name__}")
+    if removed_parts(model.config):
+        raise ConfigError(f"{', '.join(removed_parts(model.config))}: CTranslate2's Transformer layers have every "
+                          "part of the paper's")
     if model.config.activation not in _ACTIVATIONS:
         raise ConfigError(f"model.activation={model.config.activation!r} has no CTranslate2 equivalent "
                           f"(it has {', '.join(_ACTIVATIONS)})")

@@ -30,7 +30,9 @@ maps where attnkit packs them as the [q; k; v] rows of one `in_proj`. Three layo
   segmentation stays the original's), the spm's normaliser kept.
 
 Export keeps attnkit's ids (pad 0, decoder start 1 = BOS, eos 2, unk 3) and applies the inverse channel order, so
-an attnkit-trained model leaves without fields Marian lacks. `transformers` is never imported.
+an attnkit-trained model leaves without fields Marian lacks. Two attnkit options need none: attention without W^O
+leaves with an identity W^O, and `zero_pad_positions` changes only the padding positions' own states, which every
+attention masks out, so no real token's output moves. `transformers` is never imported.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from attnkit.formats.marian_folder import (
 )
 from attnkit.formats.marian_vocab import NEVER, Side, read_sides, read_spm, side_tokenizer
 from attnkit.io import atomic_folder, ensure_new_output
+from attnkit.models.transformer import removed_parts
 from attnkit.nn.positions import halves_order as stream_order  # attnkit's channel j is Marian's order[j]
 from attnkit.nn.positions import sinusoid_table
 
@@ -173,11 +176,10 @@ def _refusal(ckpt: Checkpoint) -> str | None:
         return f"an RNN encoder-decoder ('{ckpt.kind}'): MarianMTModel is a Transformer"
     c = ckpt.config.model
     reasons = [
+        (removed_parts(c), f"{', '.join(removed_parts(c))}: MarianMTModel's layers have every part of the paper's"),
         (c.norm_first, "a pre-LN Transformer (model.norm_first): MarianMTModel's layers are post-LN"),
         (c.layer_norm_eps != LAYER_NORM_EPS, f"LayerNorms of epsilon {c.layer_norm_eps:g} (model.layer_norm_eps): "
                                              f"MarianMTModel's are {LAYER_NORM_EPS:g}"),
-        (not c.output_projection, "attention without W^O (model.output_projection: false): MarianMTModel has W^O"),
-        (c.zero_pad_positions, "no positions at padding (model.zero_pad_positions): MarianMTModel adds them"),
         (c.positions != "sinusoidal", f"model.positions: {c.positions}: MarianMTModel's positions are sinusoids"),
         (not c.sublayer_dropout, "dropout on the embeddings only (model.sublayer_dropout: false): MarianMTModel "
                                  "drops out every sublayer"),
@@ -195,8 +197,18 @@ def _pieces(blob: bytes, rows: int, where: str) -> list[str]:
     return tok.pieces(list(range(tok.vocab_size))) + [f"<attnkit_unused_{i}>" for i in range(tok.vocab_size, rows)]
 
 
+def _with_identity_wo(c: TransformerConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Attention without W^O (`model.output_projection: false`, the heads' concatenation is the output) is attention
+    whose W^O is the identity (D, D) with a zero bias: the form MarianMTModel holds."""
+    if c.output_projection:
+        return state
+    missing = {name for name, _, _ in layer_table(c.n_encoder_layers, c.n_decoder_layers)} - state.keys()
+    return {**state, **{name: torch.eye(c.d_model) if name.endswith(".weight") else torch.zeros(c.d_model)
+                        for name in missing if ".out_proj." in name}}
+
+
 def _marian_state(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
-    c, state = ckpt.config.model, ckpt.model_state
+    c, state = ckpt.config.model, _with_identity_wo(ckpt.config.model, ckpt.model_state)
     inverse = torch.argsort(stream_order(c.d_model))
     out = {}
     for name, marian_names, how in layer_table(c.n_encoder_layers, c.n_decoder_layers):

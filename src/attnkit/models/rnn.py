@@ -8,8 +8,10 @@ output), A additive-attention size, L decoder layers, V vocabulary.
   may be read backwards (Sutskever et al. 2014).
 - `BahdanauSeq2Seq` (rnn-bahdanau): before each step a soft alignment over all encoder states,
   c_i = sum_j a_ij h_j, a_i = softmax_j(v . tanh(W s_{i-1} + U h_j)), masked over padding (Bahdanau et al. 2015).
-- `LuongSeq2Seq` (rnn-luong): attention after the step with dot or bilinear ("general") scores, the
-  attentional state h~_t = tanh(W_c [c_t; s_t]) predicts y_t and may be fed to the next step (Luong et al. 2015).
+- `LuongSeq2Seq` (rnn-luong): attention after the step, the attentional state h~_t = tanh(W_c [c_t; s_t])
+  predicts y_t and may be fed to the next step (Luong et al. 2015). Its scores (`score`) are the paper's three,
+  dot s_t . h_j, general s_t . W_a h_j and concat v_a . tanh(W_a [s_t; h_j]), or cosine: beta cos(s_t, h_j) with a
+  learned scale beta (Graves et al. 2014's content addressing; Liu et al. 2022's scaled cosine attention).
 - `HardAttentionSeq2Seq` (rnn-hard): Bahdanau's scores, but the context is one encoder state (Xu et al.
   2015): sampled in training and trained by REINFORCE, or by a Gumbel straight-through sample; argmax at
   inference.
@@ -23,6 +25,7 @@ The variants override small hooks: `_context` (what the decoder reads from the s
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +97,12 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     if x.dim() == 3:
         idx = idx[..., None].expand_as(x)  # (B, S) -> (B, S, H)
     return x.gather(1, idx)
+
+
+def additive_scores(keys: torch.Tensor, query: torch.Tensor, v: nn.Linear) -> torch.Tensor:
+    """v . tanh(U h_j + W s): keys U h_j (B, S, A), computed once per sentence, the projected query W s (B, A)
+    -> (B, S). Bahdanau's scores, and Luong's concat."""
+    return v(torch.tanh(keys + query[:, None])).squeeze(-1)  # (B, S, A) + (B, 1, A) -> (B, S, 1) -> (B, S)
 
 
 class RNNSeq2Seq(nn.Module):
@@ -306,20 +315,27 @@ class BahdanauSeq2Seq(RNNSeq2Seq):
         return self.key_proj(memory)  # (B, S, H) -> (B, S, A)
 
     def _scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        e = torch.tanh(keys + self.query_proj(query)[:, None])  # (B, S, A) + (B, 1, A)
-        return self.score_v(e).squeeze(-1)  # (B, S, 1) -> (B, S)
+        return additive_scores(keys, self.query_proj(query), self.score_v)
 
 
 class LuongSeq2Seq(RNNSeq2Seq):
-    """Global attention after the RNN step, dot or general scores, optional input feeding (Luong et al. 2015)."""
+    """Global attention after the RNN step, dot / general / concat / cosine scores, optional input feeding (Luong
+    et al. 2015). The source side of every score is computed once per sentence (`_keys`)."""
 
     kind = "rnn-luong"
 
     def __init__(self, config: RNNConfig):
         super().__init__(config)
-        h = self.config.hidden
-        # score(s_t, h_j) = s_t . h_j (dot) or s_t . W_a h_j (general); W_a h_j is computed once per sentence
-        self.key_proj = nn.Identity() if self.config.score == "dot" else nn.Linear(h, h, bias=False)
+        h, score = self.config.hidden, self.config.score
+        a = self.config.attention_dim or h
+        # keys: h_j (dot), W_a h_j (general), the h_j half of W_a [s_t; h_j] (concat), h_j / |h_j| (cosine)
+        self.key_proj = nn.Linear(h, a if score == "concat" else h, bias=False) if score in ("general", "concat") \
+            else nn.Identity()
+        if score == "concat":
+            self.query_proj = nn.Linear(h, a, bias=False)  # the s_t half of W_a (the paper's has no bias)
+            self.score_v = nn.Linear(a, 1, bias=False)  # v_a
+        if score == "cosine":  # beta = exp(log_beta), from 10, at most 100 (Liu et al. 2022's bounds on 1 / tau)
+            self.log_beta = nn.Parameter(torch.tensor(math.log(10.0)))
 
     def decoder_input_size(self) -> int:
         return self.config.embed_dim + (self.config.hidden if self.config.input_feeding else 0)  # [y_{t-1}; h~_{t-1}]
@@ -348,9 +364,15 @@ class LuongSeq2Seq(RNNSeq2Seq):
             attended
 
     def _keys(self, memory: torch.Tensor) -> torch.Tensor:
-        return self.key_proj(memory)  # (B, S, H) -> (B, S, H)
+        if self.config.score == "cosine":
+            return F.normalize(memory, dim=-1)  # (B, S, H), unit rows (padding's zero rows stay 0, masked later)
+        return self.key_proj(memory)  # (B, S, H) -> (B, S, H), or (B, S, A) for concat
 
     def _scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        if self.config.score == "concat":
+            return additive_scores(keys, self.query_proj(query), self.score_v)
+        if self.config.score == "cosine":
+            query = F.normalize(query, dim=-1) * self.log_beta.clamp(max=math.log(100.0)).exp()  # (B, H)
         return torch.bmm(keys, query[:, :, None]).squeeze(2)  # (B, S, H) @ (B, H, 1) -> (B, S)
 
 

@@ -9,7 +9,10 @@ The config's structural switches (all off by default: the paper's model) give Ky
 Transformer (docs/kyubyong.md): `output_projection: false` builds every attention as `ConcatHeadsAttention`
 (no W^O), `sublayer_dropout: false` keeps `dropout` on the embeddings only, `layer_norm_eps` sets every
 LayerNorm's epsilon, and `zero_pad_positions: true` adds no positional encoding at padding positions.
-`positions: learned` trains a row per position (ConvS2S, BERT) in place of the sinusoids. What a Marian (opus-mt)
+`positions: learned` trains a row per position (ConvS2S, BERT) in place of the sinusoids; `positions: shaw` adds none
+and gives every self-attention Shaw et al.'s relative position representations (nn/shaw.py). `residual`, `ffn`,
+`scale_scores` and `shared_qk` take one part of the paper's layer away each (no skip connections, no FFN, no
+1 / sqrt(d_k), keys from the queries' projection) to measure what it is for. What a Marian (opus-mt)
 model needs besides: `activation: swish` (SiLU in the FFN) and `output_bias: true` (a bias on the vocabulary
 logits, Marian's final_logits_bias).
 """
@@ -31,12 +34,14 @@ from attnkit.nn import (
     KVCache,
     Linear,
     MultiHeadAttention,
+    SharedQKAttention,
     key_padding_to_attn_mask,
     linear,
     position_encoding,
 )
 from attnkit.nn.layers import StepWeights
 from attnkit.nn.outputs import step_log_probs
+from attnkit.nn.shaw import self_attention_for
 
 
 @dataclass
@@ -88,6 +93,22 @@ class DecoderState:
         )
 
 
+def attention_class(c: TransformerConfig) -> type[MultiHeadAttention]:
+    """The paper's attention, or its variant without W^O (`output_projection: false`) or with W^K = W^Q
+    (`shared_qk: true`; the config refuses two variants at once)."""
+    if c.shared_qk:
+        return SharedQKAttention
+    return MultiHeadAttention if c.output_projection else ConcatHeadsAttention
+
+
+def removed_parts(c: TransformerConfig) -> list[str]:
+    """The parts of the paper's layer a model goes without, as `model.FIELD: value` settings (none: []): what no
+    export format can hold."""
+    kept = {"residual": True, "ffn": True, "scale_scores": True, "shared_qk": False}
+    return [f"model.{name}: {str(getattr(c, name)).lower()}" for name, value in kept.items()
+            if getattr(c, name) != value]
+
+
 class Transformer(nn.Module):
     kind = "transformer"
 
@@ -102,8 +123,9 @@ class Transformer(nn.Module):
         self.dropout = Dropout(c.dropout)
         block = dict(dropout=c.dropout if c.sublayer_dropout else 0.0, attention_dropout=c.attention_dropout,
                      activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first,
-                     norm_eps=c.layer_norm_eps,
-                     attention=MultiHeadAttention if c.output_projection else ConcatHeadsAttention)
+                     norm_eps=c.layer_norm_eps, attention=attention_class(c),
+                     self_attention=self_attention_for(c.positions, c.relative_clip),
+                     ffn=c.ffn, skip=c.residual, scaled=c.scale_scores)
         self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
                                      for _ in range(c.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, **block)

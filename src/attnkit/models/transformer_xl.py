@@ -56,6 +56,7 @@ from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache
 from attnkit.nn.layers import Residual
 from attnkit.nn.relative import RelativeMultiHeadAttention, position_biases
+from attnkit.nn.shaw import self_attention_for
 
 Mems = list[torch.Tensor]  # L tensors (B, M, D)
 
@@ -271,7 +272,8 @@ class VanillaLM(LanguageModel):
         self.positions = position_encoding(c.positions, c.d_model, c.max_positions)
         self.layers = nn.ModuleList(
             self.layer_class(c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
-                             activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first)
+                             activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first,
+                             self_attention=self_attention_for(c.positions, c.relative_clip))
             for _ in range(c.n_layers))
 
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,

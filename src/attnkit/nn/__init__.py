@@ -1,7 +1,13 @@
 """Layers shared by every attention model: attention, positions, masks, feed-forward, blocks, adaptive input/softmax."""
 
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from attnkit.nn.attention import ConcatHeadsAttention, KVCache, MultiHeadAttention, scaled_dot_product
+from attnkit.nn.attention import (
+    ConcatHeadsAttention,
+    KVCache,
+    MultiHeadAttention,
+    SharedQKAttention,
+    scaled_dot_product,
+)
 from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
 from attnkit.nn.linear import Linear, PackedWeights, int8_kernels, int8_scheme, int8_unavailable, linear, prepacked
@@ -21,6 +27,7 @@ __all__ = [
     "Linear",
     "MultiHeadAttention",
     "PackedWeights",
+    "SharedQKAttention",
     "SinusoidalPositions",
     "causal_mask",
     "int8_kernels",

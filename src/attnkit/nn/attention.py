@@ -5,7 +5,8 @@ B batch, T query length, S key length, H heads, Dh head dim, D = H * Dh model di
 The fast path is `torch.nn.functional.scaled_dot_product_attention` (fused kernels on CPU and CUDA);
 when the caller asks for the weights (pictures, alignments) the explicit path (`weigh`) computes
 softmax(QK^T / sqrt(Dh)) V and returns them. Variants (relative attention) build their own logits and
-reuse `weigh`.
+reuse `weigh`. Two of the paper's parts can be switched off to see what they do: the 1 / sqrt(Dh) scale
+(`scaled=False`: raw dot products) and separate keys (`SharedQKAttention`: the keys are the queries' projection).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def _normalise(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (scores.float() if scores.element_size() < 4 else scores).softmax(dim=-1).to(dtype)
 
 
-def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               scale: float) -> torch.Tensor:
     """(B, H, 1, Dh) queries over (B, H, S, Dh) keys -> (B, 1, D): a decoding step's attention on CPU.
 
     Two batched products over all B * H heads at once (the keys are read transposed, in place). SDPA's CPU
@@ -137,7 +139,7 @@ def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     steps this path made greedy search about 2.5% faster.
     """
     b, h, _, dh = q.shape
-    scores = torch.bmm(q.reshape(b * h, 1, dh), k.flatten(0, 1).transpose(1, 2)).mul_(1 / math.sqrt(dh))  # (B*H, 1, S)
+    scores = torch.bmm(q.reshape(b * h, 1, dh), k.flatten(0, 1).transpose(1, 2)).mul_(scale)  # (B*H, 1, S)
     if mask is not None:  # (B or 1, 1, 1, S)
         scores.view(b, h, 1, -1).masked_fill_(~mask, float("-inf"))
     out = torch.bmm(_normalise(scores, v.dtype), v.flatten(0, 1))  # (B*H, 1, Dh)
@@ -148,12 +150,14 @@ class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with one packed (3D, D) input projection.
 
     Self-attention projects Q, K, V in a single matmul; cross-attention uses the Q rows for the
-    queries and the K/V rows for the memory, so both share one parameter layout.
+    queries and the K/V rows for the memory, so both share one parameter layout. `scaled=False` leaves the
+    dot products undivided by sqrt(Dh) (`model.scale_scores: false`).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
         super().__init__()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.score_scale = 1 / math.sqrt(self.head_dim) if scaled else 1.0  # section 3.2.1
         self.dropout = dropout
         self.in_proj = Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = Linear(d_model, d_model, bias=bias)
@@ -188,7 +192,7 @@ class MultiHeadAttention(nn.Module):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Attention logits (B, H, T, S)."""
-        return (q @ k.transpose(-2, -1)).mul_(1 / math.sqrt(self.head_dim))  # a fresh product: scaled in place
+        return (q @ k.transpose(-2, -1)).mul_(self.score_scale)  # a fresh product: scaled in place
 
     def attend(
         self,
@@ -211,8 +215,9 @@ class MultiHeadAttention(nn.Module):
             mask, causal = (keep if mask is None else mask & keep), False
         dropout = self.dropout if self.training else 0.0
         if q.size(2) == 1 and not causal and dropout == 0.0 and q.device.type == "cpu":
-            return _one_query(q, k, v, mask), None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+            return _one_query(q, k, v, mask, self.score_scale), None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                             scale=self.score_scale)
         return self.merge_heads(out), None
 
     def weigh(
@@ -220,14 +225,21 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The explicit path: logits (B, H, T, S), a fresh tensor that is masked in place, -> softmax, dropout,
         @ V -> (output (B, T, D), weights (B, H, T, S))."""
+        weights, kept, scale = self.normalised(scores, v.dtype, mask=mask, causal=causal)
+        out = kept @ v  # (B, H, T, Dh)
+        return self.merge_heads(out if scale == 1.0 else out * scale), weights
+
+    def normalised(self, scores: torch.Tensor, dtype: torch.dtype, *, mask: torch.Tensor | None, causal: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Logits (B, H, T, S), masked in place -> (weights, the weights after dropout, the 1 / (1 - p) that dropout
+        leaves to the caller), in `dtype`."""
         if causal:
             scores.masked_fill_(~causal_mask(scores.size(2), scores.size(3), scores.device), float("-inf"))
         if mask is not None:
             scores.masked_fill_(~mask, float("-inf"))
-        weights = _normalise(scores, v.dtype)
+        weights = _normalise(scores, dtype)
         kept, scale = drop(weights, self.dropout, self.training)
-        out = kept @ v  # (B, H, T, Dh)
-        return self.merge_heads(out if scale == 1.0 else out * scale), weights
+        return weights, kept, scale
 
     def forward(
         self,
@@ -263,8 +275,8 @@ class ConcatHeadsAttention(MultiHeadAttention):
     """Multi-head attention without W^O: the concatenated heads are the output (Kyubyong Park's TensorFlow
     Transformer, `model.output_projection: false`). D = H * Dh, so the shapes stay those of the paper's."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
-        super().__init__(d_model, n_heads, dropout, bias)
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
+        super().__init__(d_model, n_heads, dropout, bias, scaled)
         self.out_proj = None  # no parameters, so none in the state dict
 
     def output_weights(self) -> None:
@@ -273,3 +285,29 @@ class ConcatHeadsAttention(MultiHeadAttention):
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         return heads
 
+
+class SharedQKAttention(MultiHeadAttention):
+    """Multi-head attention whose keys are its queries' projection, W^K = W^Q (`model.shared_qk: true`; the
+    Reformer's shared-QK attention, Kitaev et al. 2020, without its other changes): one (2D, D) product gives the
+    [q; v] rows, and a self-attention's keys are its queries. Cross-attention projects the memory with W^Q for its
+    keys. Initialised as MultiHeadAttention's q and v rows (the same seed gives the same W^Q and W^V)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
+        super().__init__(d_model, n_heads, dropout, bias, scaled)
+        packed = self.in_proj  # (3D, D): the [q; k; v] rows the base class initialised
+        self.in_proj = Linear(d_model, 2 * d_model, bias=bias, device="meta")  # no random draws: rows come below
+        self.in_proj.weight = nn.Parameter(torch.cat([packed.weight[:d_model], packed.weight[2 * d_model :]]).detach())
+        if bias:
+            self.in_proj.bias = nn.Parameter(torch.zeros(2 * d_model))
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> queries, keys (the same tensor), values (B, H, T, Dh), views of one product."""
+        b, t, _ = x.shape
+        qv = linear(x, self.in_proj.weight, self.in_proj.bias).view(b, t, 2, self.n_heads, self.head_dim)
+        q, v = qv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, q, v
+
+    def project_kv(self, memory: torch.Tensor) -> KVCache:
+        """A memory's keys W^Q m and values W^V m, computed once per source (cross-attention)."""
+        k, v = linear(memory, self.in_proj.weight, self.in_proj.bias).chunk(2, dim=-1)
+        return KVCache(self.split_heads(k), self.split_heads(v))

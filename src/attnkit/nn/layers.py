@@ -1,6 +1,10 @@
 """Transformer blocks: position-wise FFN and encoder/decoder layers with residual + LayerNorm.
 
 B batch, S source length, T target length, D model dim.
+
+The layers' parts can be switched off one at a time to see what each does (`TransformerConfig`'s `residual`,
+`ffn`, `scale_scores`, `shared_qk`): a block without its skip connection passes the sublayer's output alone on
+(still normalised), a layer without its FFN is its attention blocks alone.
 """
 
 from __future__ import annotations
@@ -42,30 +46,39 @@ def _layer_norm(x: torch.Tensor, norm: tuple) -> torch.Tensor:
 
 
 def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: tuple, norm_first: bool,
-             p: float = 0.0, training: bool = False) -> torch.Tensor:
-    """A residual block: x + Dropout(f(x)), LayerNorm after the sum (post-LN, the paper) or before f (pre-LN).
+             p: float = 0.0, training: bool = False, skip: bool = True) -> torch.Tensor:
+    """A residual block: x + Dropout(f(x)), LayerNorm after the sum (post-LN, the paper) or before f (pre-LN);
+    `skip=False` drops the x + (Dropout(f(x)) alone: the block without its residual connection).
 
     The one definition both teacher forcing (`Residual`) and incremental decoding (`DecoderLayer.step`) use.
     Dropout's 1 / (1 - p) is applied by the addition itself (alpha).
     """
     if norm_first:
         kept, scale = drop(fn(_layer_norm(x, norm)), p, training)
-        return torch.add(x, kept, alpha=scale)
+        return _sum(x, kept, scale, skip)
     kept, scale = drop(fn(x), p, training)
-    return _layer_norm(torch.add(x, kept, alpha=scale), norm)
+    return _layer_norm(_sum(x, kept, scale, skip), norm)
+
+
+def _sum(x: torch.Tensor, kept: torch.Tensor, scale: float, skip: bool) -> torch.Tensor:
+    """x + scale * kept, or scale * kept alone without the skip connection."""
+    if skip:
+        return torch.add(x, kept, alpha=scale)
+    return kept if scale == 1.0 else kept * scale
 
 
 class Residual(nn.Module):
-    """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN): see `residual`."""
+    """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN), or without the x +
+    (`skip=False`): see `residual`."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5, skip: bool = True):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm_first, self.skip = norm_first, skip
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return residual(x, fn, self.norm_args(), self.norm_first, self.dropout.p, self.training)
+        return residual(x, fn, self.norm_args(), self.norm_first, self.dropout.p, self.training, self.skip)
 
     def norm_args(self) -> tuple:
         """(normalized_shape, weight, bias, eps) of the LayerNorm, as torch.layer_norm takes them."""
@@ -75,16 +88,20 @@ class Residual(nn.Module):
 
 class EncoderLayer(nn.Module):
     """Self-attention, then the FFN, each in a residual block. `dropout` is the residual blocks' (on the sublayer's
-    output), `attention` the attention's class (MultiHeadAttention, or a variant), `norm_eps` the LayerNorms'."""
+    output), `attention` the attention's class (MultiHeadAttention, or a variant; `self_attention` where the
+    self-attention's differs: relative positions), `norm_eps` the LayerNorms'; `ffn`, `skip` and `scaled` switch off
+    the FFN, the skip connections and the 1 / sqrt(Dh) scale."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
                  activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
-                 attention: type[MultiHeadAttention] = MultiHeadAttention):
+                 attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
+                 self_attention: Callable[..., MultiHeadAttention] | None = None, ffn: bool = True, skip: bool = True,
+                 scaled: bool = True):
         super().__init__()
-        self.self_attn = attention(d_model, n_heads, attention_dropout)
-        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout)
-        self.attn_block = Residual(d_model, dropout, norm_first, norm_eps)
-        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps)
+        self.self_attn = (self_attention or attention)(d_model, n_heads, attention_dropout, scaled=scaled)
+        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout) if ffn else None
+        self.attn_block = Residual(d_model, dropout, norm_first, norm_eps, skip)
+        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip) if ffn else None
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None,
                 need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -97,7 +114,12 @@ class EncoderLayer(nn.Module):
             return out
 
         x = self.attn_block(x, attend)
-        return self.ffn_block(x, self.ffn), weights
+        return _apply(self.ffn_block, self.ffn, x), weights
+
+
+def _apply(block: Residual | None, fn: Callable[[torch.Tensor], torch.Tensor] | None, x: torch.Tensor) -> torch.Tensor:
+    """x through a residual block around fn, or x itself where the layer has no such block (`model.ffn: false`)."""
+    return x if block is None else block(x, fn)
 
 
 class StepWeights(NamedTuple):
@@ -113,12 +135,13 @@ class StepWeights(NamedTuple):
 
     self_attn: MultiHeadAttention
     cross_attn: MultiHeadAttention
-    ffn: FeedForward
+    ffn: FeedForward | None  # None: a layer without an FFN
     # (weight, bias) of the attentions' output products W^O, None for an attention without one
     self_out: tuple[torch.Tensor, torch.Tensor | None] | None
     cross_out: tuple[torch.Tensor, torch.Tensor | None] | None
-    norms: tuple[tuple, tuple, tuple]  # (normalized_shape, weight, bias, eps) of the three residual blocks
+    norms: tuple[tuple, tuple, tuple | None]  # (normalized_shape, weight, bias, eps) of the three residual blocks
     norm_first: bool
+    skip: bool  # the blocks' residual connections (False: `model.residual: false`)
 
 
 class DecoderLayer(nn.Module):
@@ -126,14 +149,16 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
                  activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
-                 attention: type[MultiHeadAttention] = MultiHeadAttention):
+                 attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
+                 self_attention: Callable[..., MultiHeadAttention] | None = None, ffn: bool = True, skip: bool = True,
+                 scaled: bool = True):
         super().__init__()
-        self.self_attn = attention(d_model, n_heads, attention_dropout)
-        self.cross_attn = attention(d_model, n_heads, attention_dropout)
-        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout)
-        self.self_block = Residual(d_model, dropout, norm_first, norm_eps)
-        self.cross_block = Residual(d_model, dropout, norm_first, norm_eps)
-        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps)
+        self.self_attn = (self_attention or attention)(d_model, n_heads, attention_dropout, scaled=scaled)
+        self.cross_attn = attention(d_model, n_heads, attention_dropout, scaled=scaled)
+        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout) if ffn else None
+        self.self_block = Residual(d_model, dropout, norm_first, norm_eps, skip)
+        self.cross_block = Residual(d_model, dropout, norm_first, norm_eps, skip)
+        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip) if ffn else None
 
     def forward(
         self, y: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None, need_weights: bool = False
@@ -152,13 +177,14 @@ class DecoderLayer(nn.Module):
 
         y = self.self_block(y, self_attend)
         y = self.cross_block(y, cross_attend)
-        return self.ffn_block(y, self.ffn), weights
+        return _apply(self.ffn_block, self.ffn, y), weights
 
     def step_weights(self) -> StepWeights:
         """The tensors and settings `step` reads (see StepWeights)."""
         sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
-        norms = tuple(b.norm_args() for b in (self.self_block, self.cross_block, self.ffn_block))
-        return StepWeights(sa, ca, ffn, sa.output_weights(), ca.output_weights(), norms, self.self_block.norm_first)
+        norms = tuple(None if b is None else b.norm_args() for b in (self.self_block, self.cross_block, self.ffn_block))
+        return StepWeights(sa, ca, ffn, sa.output_weights(), ca.output_weights(), norms, self.self_block.norm_first,
+                           self.self_block.skip)
 
     @staticmethod
     def step(
@@ -199,9 +225,10 @@ class DecoderLayer(nn.Module):
             out = out.reshape(b, t, d)
             return out if w.cross_out is None else linear(out, *w.cross_out)
 
-        y = residual(y, self_attend, n_self, pre)
-        y = residual(y, cross_attend, n_cross, pre)
-        y = residual(y, w.ffn, n_ffn, pre)
+        y = residual(y, self_attend, n_self, pre, skip=w.skip)
+        y = residual(y, cross_attend, n_cross, pre, skip=w.skip)
+        if w.ffn is not None:
+            y = residual(y, w.ffn, n_ffn, pre, skip=w.skip)
         if cross is not None:
             cross = cross.unflatten(2, (beams, t)).transpose(1, 2).flatten(0, 1)  # (B, H, 1, S)
         return y, {"self": self_weights, "cross": cross}, cache

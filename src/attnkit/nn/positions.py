@@ -94,6 +94,7 @@ class NoPositions(AbsolutePositions):
 
 
 def position_encoding(kind: str, d_model: int, max_positions: int) -> AbsolutePositions:
-    """The absolute positions a config names (`model.positions`, config.POSITIONS): sinusoidal | learned | none."""
-    return {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions, "none": NoPositions}[kind](
-        d_model, max_positions)
+    """The absolute positions a config names (`model.positions`, config.POSITIONS): sinusoidal | learned | none, and
+    none for shaw, whose positions are relative ones inside the self-attention (nn/shaw.py)."""
+    kinds = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions, "none": NoPositions, "shaw": NoPositions}
+    return kinds[kind](d_model, max_positions)

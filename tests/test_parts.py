@@ -1,0 +1,162 @@
+"""The parts of the Transformer's layer, one switch each (issue 40): no residual connections, no FFN, no 1 / sqrt(d_k),
+keys = queries. Each switched layer equals the layer written out by hand with exactly that part taken away; the
+cached decoder, padding and the searches stay right; the exporters refuse what their formats cannot hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit.config import BOS_ID, PAD_ID
+from attnkit.decode import beam_search, greedy_search
+from attnkit.errors import ConfigError
+from attnkit.export.ctranslate2 import transformer_spec
+from attnkit.models import Transformer
+from attnkit.models.transformer import removed_parts
+from conftest import tiny_model_config
+
+SWITCHES = {
+    "paper": {},
+    "no-residual": dict(residual=False),
+    "no-residual-pre-ln": dict(residual=False, norm_first=True),
+    "no-ffn": dict(ffn=False),
+    "no-scale": dict(scale_scores=False),
+    "shared-qk": dict(shared_qk=True),
+    "all-four": dict(residual=False, ffn=False, scale_scores=False, shared_qk=True),
+}
+
+
+def model(seed: int = 0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    m = Transformer(tiny_model_config(d_model=32, n_heads=4, **kw)).eval()
+    with torch.no_grad():  # biases and LayerNorms away from their 0 / 1 start, so a mapping error shows
+        for name, p in m.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def ids(b: int, t: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(4, 40, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def written_out_encoder_layer(layer, x: torch.Tensor, *, skip: bool, ffn: bool, scaled: bool, norm_first: bool):
+    """One encoder layer from its parameters, by hand: x (B, T, D) -> (B, T, D)."""
+    b, t, d = x.shape
+    attn = layer.self_attn
+    h, w, bias = attn.n_heads, attn.in_proj.weight, attn.in_proj.bias
+    if w.size(0) == 2 * d:  # keys = queries: [q; v]
+        (wq, wv), (bq, bv) = w.split(d), bias.split(d)
+        wk, bk = wq, bq
+    else:
+        (wq, wk, wv), (bq, bk, bv) = w.split(d), bias.split(d)
+
+    def heads(u):  # (B, T, D) -> (B, H, T, Dh)
+        return u.view(b, t, h, d // h).transpose(1, 2)
+
+    def attention(u):
+        q, k, v = heads(u @ wq.T + bq), heads(u @ wk.T + bk), heads(u @ wv.T + bv)
+        scores = q @ k.transpose(-1, -2) * ((d // h) ** -0.5 if scaled else 1.0)
+        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        return out @ attn.out_proj.weight.T + attn.out_proj.bias
+
+    def feed_forward(u):
+        return torch.relu(u @ layer.ffn.w1.weight.T + layer.ffn.w1.bias) @ layer.ffn.w2.weight.T + layer.ffn.w2.bias
+
+    def block(u, f, norm):
+        def ln(z):
+            return F.layer_norm(z, (d,), norm.weight, norm.bias, norm.eps)
+
+        if norm_first:
+            return (u if skip else 0) + f(ln(u))
+        return ln((u if skip else 0) + f(u))
+
+    y = block(x, attention, layer.attn_block.norm)
+    return block(y, feed_forward, layer.ffn_block.norm) if ffn else y
+
+
+@pytest.mark.parametrize("switches", SWITCHES.values(), ids=SWITCHES.keys())
+@pytest.mark.parametrize("length", [6, 70], ids=["explicit-path", "fused-sdpa-path"])  # 70 * 70 > 4096: SDPA
+def test_each_switched_layer_is_the_layer_written_out_without_that_part(switches, length):
+    m = model(**switches)
+    c = m.config
+    x = torch.randn(2, length, 32)
+    layer = m.encoder[0]
+    with torch.no_grad():
+        expected = written_out_encoder_layer(layer, x, skip=c.residual, ffn=c.ffn, scaled=c.scale_scores,
+                                             norm_first=c.norm_first)
+        for need_weights in (False, True):
+            torch.testing.assert_close(layer(x, mask=None, need_weights=need_weights)[0], expected,
+                                       atol=2e-5, rtol=1e-4)
+
+
+def test_the_switches_remove_exactly_their_parameters():
+    d, f, layers = 32, 32, 2 + 2
+    paper = sum(p.numel() for p in model().parameters())
+    ffn_and_its_norm = 2 * d * f + f + d + 2 * d
+    assert sum(p.numel() for p in model(ffn=False).parameters()) == paper - layers * ffn_and_its_norm
+    attentions = 2 + 2 * 2  # an encoder layer's one, a decoder layer's two
+    assert sum(p.numel() for p in model(shared_qk=True).parameters()) == paper - attentions * (d * d + d)
+    for same in (dict(residual=False), dict(scale_scores=False)):
+        assert sum(p.numel() for p in model(**same).parameters()) == paper
+
+
+def test_shared_keys_are_the_queries_projection_in_self_and_cross_attention():
+    m, plain = model(shared_qk=True), model()
+    attn, x, memory = m.decoder[0].cross_attn, torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    q, k, v = m.encoder[0].self_attn.project_qkv(x)
+    assert k is q
+    cross = attn.project_kv(memory)
+    torch.testing.assert_close(cross.k, attn.project_q(memory))
+    # the same seed starts every attention from the unshared model's W^Q and W^V rows
+    for layer, plain_layer in zip([*m.encoder, *m.decoder], [*plain.encoder, *plain.decoder]):
+        w, w_plain = layer.self_attn.in_proj.weight, plain_layer.self_attn.in_proj.weight
+        assert torch.equal(w[:32], w_plain[:32]) and torch.equal(w[32:], w_plain[64:])
+
+
+def test_unscaled_scores_are_the_raw_dot_products():
+    m = model(scale_scores=False)
+    attn = m.encoder[0].self_attn
+    q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 4, 5, 8)
+    torch.testing.assert_close(attn.scores(q, k), q @ k.transpose(-1, -2))
+    assert model().encoder[0].self_attn.score_scale == pytest.approx(8**-0.5)
+
+
+@pytest.mark.parametrize("switches", SWITCHES.values(), ids=SWITCHES.keys())
+def test_cached_decoding_padding_and_searches_stay_right_with_every_switch(switches):
+    m = model(**switches)
+    src = torch.cat([ids(2, 7), torch.cat([ids(1, 4, 5), torch.full((1, 3), PAD_ID)], 1)])
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), ids(3, 5, 1)], 1)
+    with torch.no_grad():
+        full = m(src, tgt).log_softmax(-1)  # (B, T, V)
+        state = m.init_state(m.encode(src))
+        for t in range(tgt.size(1)):  # one query over the cache: the decoding step's own attention path
+            logp, state, _ = m.step(tgt[:, t], state)
+            torch.testing.assert_close(logp, full[:, t], atol=1e-5, rtol=1e-5)
+        alone = m(src[2:, :4], tgt[2:]).log_softmax(-1)  # the padded sentence without its padding
+        torch.testing.assert_close(alone[0], full[2], atol=1e-5, rtol=1e-5)
+    greedy = greedy_search(m, src, max_len_a=0.0, max_len_b=6)
+    beam = beam_search(m, src, beam=1, len_penalty=0.0, max_len_a=0.0, max_len_b=6)
+    assert [g[0].tokens for g in greedy] == [b[0].tokens for b in beam]
+
+
+@pytest.mark.parametrize("switch, words", [
+    (dict(residual=False), "model.residual: false"),
+    (dict(ffn=False), "model.ffn: false"),
+    (dict(scale_scores=False), "model.scale_scores: false"),
+    (dict(shared_qk=True), "model.shared_qk: true"),
+], ids=str)
+def test_ctranslate2_export_refuses_a_layer_without_one_of_the_papers_parts(switch, words):
+    pytest.importorskip("ctranslate2")
+    vocab = [f"w{i}" for i in range(40)]
+    with pytest.raises(ConfigError) as e:
+        transformer_spec(model(**switch), vocab, vocab)
+    assert words in str(e.value) and "every part of the paper's" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_refuses_two_attention_variants_at_once():
+    with pytest.raises(ConfigError, match="are variants of the attention; choose one"):
+        tiny_model_config(shared_qk=True, output_projection=False)
+    assert removed_parts(tiny_model_config()) == []
+    assert removed_parts(tiny_model_config(ffn=False, shared_qk=True)) == ["model.ffn: false", "model.shared_qk: true"]
