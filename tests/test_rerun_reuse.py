@@ -129,3 +129,21 @@ def test_compare_reuses_only_a_run_of_the_same_settings_and_retrains_from_an_emp
     results = compare_models(["rnn-seq2seq"], no_dev_set, out, minutes=5, force=True, overrides=OVERRIDES,
                              progress=False, say=lambda _: None)
     assert results[0].checkpoint.endswith("last.safetensors") and not best.exists()
+
+
+def test_a_record_from_before_a_field_existed_is_read_with_its_default():
+    """A field added to the configs later (model.relative_clip, say) is missing from older runs' identity.json; its
+    default is what those runs did, so a rerun asking for the default reuses them and one asking for another value
+    names it."""
+    from attnkit import config as cfgmod
+    from attnkit.experiments.runs import difference
+
+    wanted = json.loads(json.dumps({"config": cfgmod.to_dict(cfgmod.resolve(["lm-char-small-xl"])), "data": "d"}))
+    older = json.loads(json.dumps(wanted))
+    del older["config"]["model"]["relative_clip"]
+    assert difference(older, wanted) is None
+    other = json.loads(json.dumps(wanted))
+    other["config"]["model"]["relative_clip"] = 8
+    assert difference(older, other) == "model.relative_clip=16 (this run asks for 8)"
+    older["config"]["model"]["d_model"] = 64
+    assert difference(older, wanted) == f"model.d_model=64 (this run asks for {wanted['config']['model']['d_model']})"

@@ -51,11 +51,23 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def as_read_now(config: dict) -> dict:
+    """A recorded config as this attnkit reads it: a field added since the record was written takes its default,
+    which is what the run did before the field existed (the contract under which old checkpoints load too), and
+    retired fields go (`config.upgrade`). A record this attnkit cannot read stays as it is, to be compared so."""
+    try:
+        kind = config["model"]["kind"]
+        read = cfgmod.from_dict(cfgmod.family(kind).run, cfgmod.upgrade(config))
+        return json.loads(json.dumps(cfgmod.to_dict(read)))  # as `run_identity` records it (tuples as lists)
+    except (AttnkitError, KeyError, TypeError, ValueError):
+        return config
+
+
 def difference(recorded: dict, wanted: dict) -> str | None:
     """The first way `recorded` differs from `wanted`, as a user reads it (None: the same)."""
     if recorded.get("data") != wanted["data"]:
         return "other data (the prepared folder's files differ)"
-    old, new = _flat(recorded.get("config", {})), _flat(wanted["config"])
+    old, new = _flat(as_read_now(recorded.get("config", {}))), _flat(wanted["config"])
     for key in sorted(old.keys() | new.keys()):
         if old.get(key) != new.get(key):
             return f"{key}={old.get(key)} (this run asks for {new.get(key)})"
