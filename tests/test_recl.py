@@ -141,3 +141,32 @@ def test_every_token_is_scored_with_exactly_c_tokens_of_context():
     # the segmented reading: token p of a segment sees between c - T and c - 1 tokens (and the memory's reach)
     streamed = evaluate_segments(xl, ids, tgt_len=4, mem_len=c - 4, keep_tokens=True).token_nll[0]  # token j at j-1
     assert not torch.allclose(streamed[[p - 1 for p in positions]], evaluate_windows(xl, ids, positions, context=c))
+
+
+def test_recl_of_a_checkpoint_given_as_it_is(tmp_path, family_checkpoints, capsys):
+    """A group member LABEL=PATH (an imported Transformer-XL, say) is scored as it is, never trained; a group of one
+    measures how far more context still gains it. Text in another vocabulary is refused in one line."""
+    import json
+
+    from attnkit.cli.main import main
+
+    ckpt = family_checkpoints["transformer-xl"]
+    data = ckpt.parents[2] / "lmdata"  # the text it was trained on, in its vocabulary
+    argv = ["experiment", "recl", "--data", data, "--out", tmp_path / "recl", "--group", "alone", f"mine={ckpt}",
+            "--delta", "4", "--longest", "12", "--tokens", "6", "--device", "cpu", "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "recl" / "recl.json").read_text())
+    assert summary["groups"] == {"alone": ["mine"]} and summary["updates"] is None
+    assert summary["models"]["mine"]["checkpoint"] == str(ckpt) and summary["models"]["mine"]["updates"] == ""
+    found = summary["results"]["alone"]
+    assert list(found) == ["r=0.1", "r=0.5", "r=1"] and all(v["recl"]["mine"] in (4, 8, 12) for v in found.values())
+    assert not (tmp_path / "recl" / "lm-char-small-xl").exists()  # nothing trained
+    assert sorted(p.name.split("-C")[1].split("-")[0] for p in (tmp_path / "recl" / "mine" / "eval").iterdir()) == \
+        ["12", "4", "8"]
+    other = ckpt.parents[2] / "words"
+    (tmp_path / "w.txt").write_text("a b c d e f g h i j k l m n o p\n" * 20)
+    from attnkit.data.lm import prepare_lm
+
+    prepare_lm(other, tmp_path / "w.txt", level="word", valid_fraction=0.2)
+    assert main([*map(str, argv[:2]), "--data", str(other), *map(str, argv[4:])]) == 2
+    assert "prepare the text with `attnkit lm prepare --vocab-from" in capsys.readouterr().err

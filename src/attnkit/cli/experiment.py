@@ -142,8 +142,8 @@ def _add_rerun_options(p) -> None:
     add_device_option(p)
 
 
-def _add_updates(p) -> None:
-    p.add_argument("--updates", type=int, required=True,
+def _add_updates(p, required: bool = True) -> None:
+    p.add_argument("--updates", type=int, required=required,
                    help="the same number of updates for every model (each preset's segment and batch; the cosine "
                         "decays over them); a model trained so in OUT by another of these experiments is reused")
 
@@ -177,9 +177,10 @@ def _add_recl(ex) -> None:
     a.set_defaults(trains=True, run=cmd_recl)
     add_overrides(a)
     _add_corpus_options(a, "recl.{md,csv,json,png}")
-    _add_updates(a)
-    a.add_argument("--group", nargs="+", action="append", metavar=("NAME", "PRESET"),
-                   help="a group: its name, then its presets, the Transformer-XL first (repeat for several; default: "
+    _add_updates(a, required=False)
+    a.add_argument("--group", nargs="+", action="append", metavar=("NAME", "MEMBER"),
+                   help="a group: its name, then its members, the Transformer-XL first: presets to train, or "
+                        "LABEL=CHECKPOINT (e.g. an imported model) to score as it is (repeat for several; default: "
                         "rnn = XL + the LSTM of its size, transformer = XL + no recurrence + vanilla)")
     a.add_argument("--delta", type=int, default=0, help="the step between contexts (default: 32 words, 64 characters)")
     a.add_argument("--longest", type=int, default=0, help="the longest context (default: 512 words, 1024 characters)")
@@ -316,8 +317,8 @@ def cmd_recl(args: argparse.Namespace, overrides: list[str]) -> None:
 
     groups = {}
     for group in args.group or ():
-        if len(group) < 3 or group[0] in groups:
-            raise AttnkitError(f"recl: --group takes a new name and at least two presets, not {' '.join(group)}")
+        if len(group) < 2 or group[0] in groups:
+            raise AttnkitError(f"recl: --group takes a new name and its members, not {' '.join(group)}")
         groups[group[0]] = group[1:]
     data, level = _lm_data(args)
     recl_groups.recl_groups(groups or recl_groups.default_groups(level), data, Path(args.out), args.updates,

@@ -18,11 +18,16 @@ Models are trained as `attnkit experiment xl-table6` trains them (the same segme
 shared with it trains each once). OUT/recl.{md,csv,json}: RECL per group, model and r, and how much longer the
 group's first model's (the XL's) is; OUT/recl.png: every model's relative gain g(c, c + Delta) against c, one panel
 per group and r (the paper's figure 3), the threshold drawn. Per-token losses are kept in OUT/<model>/eval/.
+
+A member may also be a checkpoint, LABEL=PATH (an imported Transformer-XL, say: `attnkit import --from
+transformer-xl`, its text prepared with `attnkit lm prepare --vocab-from PATH`): scored as it is, never trained. A
+group of one model measures that model's RECL against itself: how far more context still gains.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -70,15 +75,20 @@ def contexts_of(kind: str, tgt_len: int, grid: Sequence[int]) -> list[int]:
     return out or list(grid[:1])
 
 
-def window_losses(run_dir: Path, data_dir: Path, split: str, positions: np.ndarray, grid: Sequence[int], *,
-                  clamp_len: int, batch_size: int, device: str, say: Callable[[str], None]) -> dict[int, np.ndarray]:
-    """Per-token losses (K,) of the model of `run_dir` at each of its contexts, read from OUT/<model>/eval/ when this
+def window_losses(path: Path, run_dir: Path, data_dir: Path, split: str, positions: np.ndarray, grid: Sequence[int],
+                  *, clamp_len: int, batch_size: int, device: str, say: Callable[[str], None]
+                  ) -> dict[int, np.ndarray]:
+    """Per-token losses (K,) of the checkpoint `path` at each of its contexts, read from `run_dir`/eval/ when this
     checkpoint scored these tokens before."""
-    path = best_checkpoint(run_dir)
     key = evaluation_key(path, data_dir)
     dev = resolve_device(device)
     model, _, cfg = load_lm_checkpoint(path, dev)
-    ids = load_lm_corpus(data_dir).splits[split]
+    corpus = load_lm_corpus(data_dir)
+    if corpus.vocab.vocab_size != cfg.model.vocab_size:
+        raise AttnkitError(f"recl: {path} has a vocabulary of {cfg.model.vocab_size:,}, {data_dir} one of "
+                           f"{corpus.vocab.vocab_size:,}: prepare the text with `attnkit lm prepare --vocab-from "
+                           f"{path}`")
+    ids = corpus.splits[split]
     segment = cfg.train.tgt_len if model.kind == "recurrent-vanilla-lm" else None
     first, last = int(positions[0]), int(positions[-1])
     out = {}
@@ -96,41 +106,73 @@ def window_losses(run_dir: Path, data_dir: Path, split: str, positions: np.ndarr
     return out
 
 
-def recl_groups(groups: Mapping[str, Sequence[str]], data_dir: Path, out_dir: Path, updates: int, *, delta: int = 0,
+def recl_groups(groups: Mapping[str, Sequence[str]], data_dir: Path, out_dir: Path, updates: int | None, *,
+                delta: int = 0,
                 longest: int = 0, tokens: int = 2048, rs: Sequence[float] = (0.1, 0.5, 1.0), threshold: float = 0.01,
                 clamp_len: int = 0, batch_size: int = 64, device: str = "auto", overrides: Sequence[str] = (),
                 force: bool = False, progress: bool = True, say: Callable[[str], None] = print) -> dict:
-    """Train the groups' models for `updates` updates each, score them with exact contexts, RECL per group and r."""
+    """Train the groups' preset members for `updates` updates each (a LABEL=PATH member is a checkpoint, scored as
+    it is), score every model with exact contexts, RECL per group and r."""
     level = load_lm_corpus(data_dir).vocab.level
     d, top = GRID.get(level, GRID["word"])
     grid = uniform_contexts(delta or d, longest or top)
     if not all(0 < r <= 1 for r in rs):
         raise AttnkitError(f"recl: r is a fraction of the tokens in (0, 1], not {list(rs)}")
-    presets = list(dict.fromkeys(p for members in groups.values() for p in members))
+    members = list(dict.fromkeys(m for ms in groups.values() for m in ms))
+    checkpoints = dict(_checkpoint_member(m) for m in members if "=" in m)  # label -> path
+    presets = [m for m in members if "=" not in m]
+    if presets and not updates:
+        raise AttnkitError(f"recl: --updates is needed to train {', '.join(presets)}")
     trained = {t.preset: t for t in train_equal_updates(presets, data_dir, out_dir, updates, overrides=overrides,
-                                                        force=force, progress=progress, say=say)}
+                                                        force=force, progress=progress, say=say)} if presets else {}
+    models = {p: Model(t.name, best_checkpoint(out_dir / t.name), t) for p, t in trained.items()}
+    models.update({f"{label}={path}": Model(label, path) for label, path in checkpoints.items()})
+    names = [m.name for m in models.values()]
+    if len(set(names)) != len(names):
+        raise AttnkitError(f"recl: model names repeat ({', '.join(names)}); label each checkpoint apart")
     splits = load_lm_corpus(data_dir).splits
     split = "test" if "test" in splits else "valid"
     positions = target_positions(splits[split].numel(), grid[-1], tokens)
-    losses = {p: window_losses(out_dir / t.name, data_dir, split, positions, grid, clamp_len=clamp_len,
-                               batch_size=batch_size, device=device, say=say) for p, t in trained.items()}
+    losses = {m: window_losses(model.path, out_dir / model.name, data_dir, split, positions, grid,
+                               clamp_len=clamp_len, batch_size=batch_size, device=device, say=say)
+              for m, model in models.items()}
     results = {}
-    for group, members in groups.items():
-        by_model = {trained[p].name: losses[p] for p in members}
+    for group, group_members in groups.items():
+        by_model = {models[m].name: losses[m] for m in group_members}
         results[group] = {f"r={r:g}": {"recl": recl(by_model, r, threshold), "gains": relative_gains(by_model, r)}
                           for r in rs}
     summary = {"level": level, "split": split, "tokens": int(positions.size), "contexts": grid,
-               "delta": grid[1] - grid[0], "threshold": threshold, "updates": updates, "clamp_len": clamp_len,
-               "models": {t.name: _describe(t, out_dir, grid) for t in trained.values()},
-               "groups": {g: [trained[p].name for p in m] for g, m in groups.items()}, "results": results}
+               "delta": grid[1] - grid[0], "threshold": threshold, "updates": updates if presets else None,
+               "clamp_len": clamp_len, "models": {m.name: _describe(m, grid) for m in models.values()},
+               "groups": {g: [models[m].name for m in ms] for g, ms in groups.items()}, "results": results}
     write_recl(summary, out_dir)
     return summary
 
 
-def _describe(t: Trained, out_dir: Path, grid: Sequence[int]) -> dict:
-    model, _, cfg = load_lm_checkpoint(best_checkpoint(out_dir / t.name), "cpu")
-    return {"preset": t.preset, "kind": model.kind, "parameters": sum(p.numel() for p in model.parameters()),
-            "updates": t.steps, "train_minutes": t.elapsed_s / 60, "tok_s": t.tok_s,
+@dataclass(frozen=True)
+class Model:
+    """A member of a group: its name (table row, OUT/<name>/eval/), its checkpoint, and how it was trained here
+    (None: a checkpoint given as it is)."""
+
+    name: str
+    path: Path
+    trained: Trained | None = None
+
+
+def _checkpoint_member(member: str) -> tuple[str, Path]:
+    """LABEL=PATH -> (label, path), the file checked."""
+    label, _, path = member.partition("=")
+    if not label or not Path(path).is_file():
+        raise AttnkitError(f"recl: a checkpoint member is LABEL=PATH to a language-model checkpoint, not {member!r}")
+    return label, Path(path)
+
+
+def _describe(m: Model, grid: Sequence[int]) -> dict:
+    model, _, cfg = load_lm_checkpoint(m.path, "cpu")
+    t = m.trained
+    return {"preset": t.preset if t else None, "checkpoint": str(m.path), "kind": model.kind,
+            "parameters": sum(p.numel() for p in model.parameters()), "updates": t.steps if t else "",
+            "train_minutes": t.elapsed_s / 60 if t else None, "tok_s": t.tok_s if t else None,
             "longest_context": contexts_of(model.kind, cfg.train.tgt_len, grid)[-1]}
 
 

@@ -48,7 +48,7 @@ def _layer_norm(x: torch.Tensor, norm: tuple) -> torch.Tensor:
 def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: tuple, norm_first: bool,
              p: float = 0.0, training: bool = False, skip: bool = True) -> torch.Tensor:
     """A residual block: x + Dropout(f(x)), LayerNorm after the sum (post-LN, the paper) or before f (pre-LN);
-    `skip=False` drops the x + (Dropout(f(x)) alone: the block without its residual connection).
+    `skip=False` drops the "x +", leaving Dropout(f(x)) alone: the block without its residual connection.
 
     The one definition both teacher forcing (`Residual`) and incremental decoding (`DecoderLayer.step`) use.
     Dropout's 1 / (1 - p) is applied by the addition itself (alpha).
