@@ -37,7 +37,8 @@ def relative_distances(t: int, s: int, clip: int, device: torch.device | None = 
 
 class ShawAttention(MultiHeadAttention):
     """Self-attention with relative position representations a^K, a^V (R, Dh) of distances clipped to `clip`.
-    Always the explicit path (`weigh`'s masking, softmax and dropout): the value term needs the weights."""
+    Always the explicit path (`normalised`: the masking, softmax and dropout `weigh` uses): the value term needs the
+    weights."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True, *,
                  clip: int = 16):
