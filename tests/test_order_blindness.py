@@ -112,3 +112,22 @@ def test_a_model_that_is_not_a_transformer_is_refused(tmp_path):
                                                             {}, {}))
     with pytest.raises(AttnkitError, match="holds a 'transformer-xl' model"):
         plot_order_blindness(None, "a b c", checkpoint=tmp_path / "xl.safetensors")
+
+
+def test_a_shaw_model_is_drawn_without_positions_and_with_its_own_relative_positions(tmp_path):
+    shaw = model("shaw")
+    assert with_positions(shaw, "shaw") is shaw
+    bare = with_positions(shaw, "none")  # the relative tables left out, every other weight kept
+    kept = {k: v for k, v in shaw.state_dict().items() if not k.endswith(("rel_keys", "rel_values"))}
+    assert kept.keys() == bare.state_dict().keys() and len(kept) < len(shaw.state_dict())
+    assert all(torch.equal(v, bare.state_dict()[k]) for k, v in kept.items())
+    text = ["the cat sat on the mat", "a dog lay on a rug"] * 5
+    tok = SubwordTokenizer.train(text, 40)
+    config = tiny_model_config(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, positions="shaw")
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "shaw.safetensors", Checkpoint(
+        "transformer", RunConfig(model=config, train=TrainConfig()), Transformer(config).state_dict(),
+        {"src": tok.to_bytes()}))
+    d = plot_order_blindness(tmp_path / "o.png", "the dog sat on a mat", checkpoint=tmp_path / "shaw.safetensors").data
+    assert d["compared"] == ("none", "shaw") and "sinusoidal_maps" not in d
+    assert d["none_max_difference"] < 1e-6 < 1e-3 < d["shaw_max_difference"]

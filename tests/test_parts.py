@@ -1,8 +1,11 @@
 """The parts of the Transformer's layer, one switch each (issue 40): no residual connections, no FFN, no 1 / sqrt(d_k),
-keys = queries. Each switched layer equals the layer written out by hand with exactly that part taken away; the
-cached decoder, padding and the searches stay right; the exporters refuse what their formats cannot hold."""
+keys = queries, BatchNorm instead of LayerNorm. Each switched layer equals the layer written out by hand with exactly
+that part taken away; the cached decoder, padding and the searches stay right; the exporters refuse what their
+formats cannot hold."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from attnkit.errors import ConfigError
 from attnkit.export.ctranslate2 import transformer_spec
 from attnkit.models import Transformer
 from attnkit.models.transformer import removed_parts
+from attnkit.nn.norms import TokenBatchNorm
 from conftest import tiny_model_config
 
 SWITCHES = {
@@ -24,16 +28,21 @@ SWITCHES = {
     "no-scale": dict(scale_scores=False),
     "shared-qk": dict(shared_qk=True),
     "all-four": dict(residual=False, ffn=False, scale_scores=False, shared_qk=True),
+    "batch-norm": dict(norm="batch"),
+    "batch-norm-pre-ln": dict(norm="batch", norm_first=True),
 }
 
 
 def model(seed: int = 0, **kw) -> Transformer:
     torch.manual_seed(seed)
     m = Transformer(tiny_model_config(d_model=32, n_heads=4, **kw)).eval()
-    with torch.no_grad():  # biases and LayerNorms away from their 0 / 1 start, so a mapping error shows
+    with torch.no_grad():  # biases, norms and running statistics away from their 0 / 1 start, so an error shows
         for name, p in m.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.3)
+        for name, stat in m.named_buffers():
+            if name.endswith(("running_mean", "running_var")):
+                stat.add_(torch.rand_like(stat) * 0.5)
     return m
 
 
@@ -65,8 +74,10 @@ def written_out_encoder_layer(layer, x: torch.Tensor, *, skip: bool, ffn: bool, 
         return torch.relu(u @ layer.ffn.w1.weight.T + layer.ffn.w1.bias) @ layer.ffn.w2.weight.T + layer.ffn.w2.bias
 
     def block(u, f, norm):
-        def ln(z):
-            return F.layer_norm(z, (d,), norm.weight, norm.bias, norm.eps)
+        def ln(z):  # a LayerNorm, or a BatchNorm in eval mode: its running statistics
+            if isinstance(norm, torch.nn.LayerNorm):
+                return F.layer_norm(z, (d,), norm.weight, norm.bias, norm.eps)
+            return (z - norm.running_mean) / torch.sqrt(norm.running_var + norm.eps) * norm.weight + norm.bias
 
         if norm_first:
             return (u if skip else 0) + f(ln(u))
@@ -98,7 +109,7 @@ def test_the_switches_remove_exactly_their_parameters():
     assert sum(p.numel() for p in model(ffn=False).parameters()) == paper - layers * ffn_and_its_norm
     attentions = 2 + 2 * 2  # an encoder layer's one, a decoder layer's two
     assert sum(p.numel() for p in model(shared_qk=True).parameters()) == paper - attentions * (d * d + d)
-    for same in (dict(residual=False), dict(scale_scores=False)):
+    for same in (dict(residual=False), dict(scale_scores=False), dict(norm="batch")):
         assert sum(p.numel() for p in model(**same).parameters()) == paper
 
 
@@ -146,6 +157,7 @@ def test_cached_decoding_padding_and_searches_stay_right_with_every_switch(switc
     (dict(ffn=False), "model.ffn: false"),
     (dict(scale_scores=False), "model.scale_scores: false"),
     (dict(shared_qk=True), "model.shared_qk: true"),
+    (dict(norm="batch"), "model.norm: batch"),
 ], ids=str)
 def test_ctranslate2_export_refuses_a_layer_without_one_of_the_papers_parts(switch, words):
     pytest.importorskip("ctranslate2")
@@ -160,3 +172,44 @@ def test_config_refuses_two_attention_variants_at_once():
         tiny_model_config(shared_qk=True, output_projection=False)
     assert removed_parts(tiny_model_config()) == []
     assert removed_parts(tiny_model_config(ffn=False, shared_qk=True)) == ["model.ffn: false", "model.shared_qk: true"]
+
+
+def test_batch_norm_counts_only_the_real_tokens_as_torch_batch_norm_over_them_would():
+    """Training: nn.BatchNorm1d over the kept tokens alone is the oracle (outputs, gradients, running statistics);
+    padding of any value changes nothing. Eval: the running statistics."""
+    norm, oracle = TokenBatchNorm(6), torch.nn.BatchNorm1d(6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+    oracle.load_state_dict(norm.state_dict())
+    keep = torch.ones(3, 5, dtype=torch.bool)
+    keep[1, 3:], keep[2, 1:] = False, False
+    weights = torch.arange(6.0)
+    for seed in range(2):
+        x = (torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(seed)) * 2 + 1).requires_grad_()
+        x_oracle = x.detach().clone().requires_grad_()
+        moved = x.detach().clone()
+        moved[~keep] = 1e3
+        torch.testing.assert_close(copy.deepcopy(norm).train()(moved, keep)[keep],
+                                   copy.deepcopy(norm).train()(x.detach(), keep)[keep])
+        out, expected = norm.train()(x, keep), oracle.train()(x_oracle[keep])  # (B, T, D), (N, D)
+        torch.testing.assert_close(out[keep], expected)
+        (out[keep] * weights).sum().backward()  # through the statistics, as torch's
+        (expected * weights).sum().backward()
+        torch.testing.assert_close(x.grad[keep], x_oracle.grad[keep])
+        assert not x.grad[~keep].any()
+    for name, stat in oracle.state_dict().items():  # the running statistics (unbiased variance) and the count
+        torch.testing.assert_close(norm.state_dict()[name], stat)
+    x = torch.randn(3, 5, 6)
+    torch.testing.assert_close(norm.eval()(x), oracle.eval()(x.reshape(-1, 6)).view(3, 5, 6))
+
+
+def test_a_batch_norm_transformer_trains_the_same_whatever_its_padding():
+    """In training, a sentence's real tokens see the same statistics however much padding the batch carries."""
+    m = model(norm="batch", dropout=0.0).train()
+    src, tgt = ids(3, 6), torch.cat([torch.full((3, 1), BOS_ID), ids(3, 4, 1)], 1)
+    src[2, 4:] = PAD_ID
+    tgt[1, 3:] = PAD_ID
+    padded = m(torch.cat([src, torch.full((3, 3), PAD_ID)], 1), torch.cat([tgt, torch.full((3, 2), PAD_ID)], 1))
+    real = tgt.ne(PAD_ID)
+    torch.testing.assert_close(padded[:, :5][real], model(norm="batch", dropout=0.0).train()(src, tgt)[real],
+                               atol=1e-5, rtol=1e-5)

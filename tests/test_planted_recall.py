@@ -21,6 +21,7 @@ from attnkit.cli.main import main
 from attnkit.config import TransformerXLConfig
 from attnkit.data.lm import LMStreams
 from attnkit.data.planted import cut_rows, plant
+from attnkit.errors import AttnkitError
 from attnkit.eval.lm import stream_log_probs, window_log_probs
 from attnkit.eval.recall import chance_loss, recall_scores, token_scores
 from attnkit.models import build_model
@@ -204,6 +205,7 @@ def test_planted_recall_trains_equal_updates_and_scores_recall_by_distance(tmp_p
     out = tmp_path / "out"
     argv = ["experiment", "planted-recall", "--data", "tiny-shakespeare", "--corpora", str(corpora), "--out", str(out),
             "--models", *models, "--updates", "3", "--distances", "24", "96", "--eval-batch-size", "2", "--quiet",
+            "--train-distances", "24", "200", "--train-spacing", "log", "--gap", "8", "32",
             "--device", "cpu", "--train.batch_size=4", "--train.eval_max_tokens=256", "--train.dtype=float32",
             "--train.log_every=1", "--train.warmup=1"]
     assert main(argv) == 0
@@ -222,3 +224,17 @@ def test_planted_recall_trains_equal_updates_and_scores_recall_by_distance(tmp_p
     recorded = json.loads((out / "planted" / "data" / "planting.json").read_text())
     assert (out / "planted" / "xl" / "finished.json").is_file()
     assert recorded["pairs"]["valid"] > 0 and recorded["planting"]["distances"] == [24, 96]
+    assert recorded["planting"]["train_distances"] == [24, 200] and recorded["planting"]["train_spacing"] == "log"
+    assert recorded["planting"]["gap"] == [8, 32]
+
+
+def test_log_spaced_training_distances_put_as_many_pairs_below_the_geometric_mean_as_above():
+    from attnkit.experiments.planted_recall import Planting, training_distances
+
+    assert training_distances(Planting(key_len=3, train_distances=(24, 768))) == list(range(24, 769))
+    log = training_distances(Planting(key_len=3, train_distances=(24, 768), train_spacing="log"))
+    assert log[0] == 24 and log[-1] == 768 and len(log) == len(set(log)) > 50
+    middle = math.sqrt(24 * 768)
+    assert abs(sum(d < middle for d in log) - sum(d > middle for d in log)) <= 2
+    with pytest.raises(AttnkitError, match="uniform or log"):
+        training_distances(Planting(key_len=3, train_spacing="square"))

@@ -13,6 +13,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from attnkit.config import TrainConfig
 from attnkit.errors import ConfigError
 from attnkit.models import Transformer
+from attnkit.train import losses
 from attnkit.train.losses import label_smoothed_nll, smoothed_targets
 from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
 from attnkit.train.trainer import Trainer
@@ -35,6 +36,40 @@ def test_label_smoothed_loss_is_cross_entropy_against_smoothed_targets_ignoring_
     dist = smoothed_targets(target.view(-1), 7, 0.1)
     assert loss.item() == pytest.approx(-(dist * logp).sum(-1)[keep].sum().item(), rel=1e-5)
     assert nll.item() == pytest.approx(-logp[keep, target.view(-1)[keep]].sum().item(), rel=1e-5)
+
+
+def plain_label_smoothed_nll(logits, target, epsilon, ignore_index=0):
+    """The loss by autograd over a whole (N, V) log-softmax: the reference the chunked function must equal."""
+    logp = logits.reshape(-1, logits.size(-1)).to(torch.float64).log_softmax(-1)
+    target = target.reshape(-1)
+    keep = target.ne(ignore_index)
+    v = logp.size(-1)  # the smoothed target distribution, in float64 too
+    dist = torch.full_like(logp, epsilon / v).scatter_(1, target[:, None], 1.0 - epsilon + epsilon / v)
+    return -(dist * logp).sum(-1)[keep].sum(), -logp.gather(1, target[:, None])[keep].sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1 << 20, 7 * 11], ids=["one-chunk", "chunks-of-7-rows"])
+def test_chunked_smoothed_loss_equals_the_plain_one_in_value_and_gradient(dtype, chunk, monkeypatch):
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk)  # V 11: 7 rows a chunk, the last chunk shorter
+    torch.manual_seed(0)
+    logits = (torch.randn(4, 9, 11, dtype=torch.float64) * 3).to(dtype).requires_grad_()
+    target = torch.randint(1, 11, (4, 9))
+    target[1, 5:], target[3, 2:] = 0, 0
+    reference = logits.detach().to(torch.float64).requires_grad_()
+    loss, nll = label_smoothed_nll(logits, target, 0.1)
+    ref_loss, ref_nll = plain_label_smoothed_nll(reference, target, 0.1)
+    tol = dict(atol=1e-9, rtol=1e-9) if dtype == torch.float64 else dict(atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(loss.double(), ref_loss, **tol)
+    torch.testing.assert_close(nll.double(), ref_nll, **tol)
+    (loss * 0.7).backward()  # a scaled upstream gradient, as the trainer's 1 / tokens
+    (ref_loss * 0.7).backward()
+    assert logits.grad.dtype == dtype and not logits.grad[target.eq(0)].any()
+    grad_tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 4e-3}[dtype]
+    torch.testing.assert_close(logits.grad.double(), reference.grad, atol=grad_tol, rtol=grad_tol)
+    if dtype == torch.float64:
+        z = logits.detach().requires_grad_()
+        assert torch.autograd.gradcheck(lambda z: label_smoothed_nll(z, target, 0.1)[0], (z,))
 
 
 def test_noam_schedule_matches_its_formula():
@@ -249,6 +284,13 @@ def test_cosine_over_a_time_budget_goes_by_whichever_is_further():
     assert clock_only(10_000, spent=0.25) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
     with pytest.raises(ConfigError, match="no horizon"):
         make_schedule("noam", lr=None, warmup=10, d_model=64, by_time=True)
+
+
+def test_a_time_horizon_names_only_what_it_lacks():
+    with pytest.raises(ConfigError, match=r"it needs train.max_minutes > 0 \(not 0\)$"):
+        TrainConfig(schedule="cosine", horizon="time", max_minutes=0)
+    with pytest.raises(ConfigError, match=r"it needs train.schedule cosine \(not noam\) or train.cooldown > 0$"):
+        TrainConfig(schedule="noam", horizon="time", max_minutes=5)
 
 
 def test_cooldown_falls_linearly_to_zero_over_the_last_share_of_the_horizon():

@@ -26,6 +26,7 @@ RETIRED = {"model": {"pad_id": PAD_ID}}
 ACTIVATIONS = ("relu", "gelu", "swish")
 # Positions: sinusoidal (section 3.5) | learned rows added to the embeddings; none (order-blind); shaw (Shaw et al.)
 POSITIONS = ("sinusoidal", "learned", "none", "shaw")
+NORMS = ("layer", "batch")  # the residual blocks' LayerNorm (section 3.1), or BatchNorm over the real tokens
 
 
 def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
@@ -35,14 +36,13 @@ def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
             raise ConfigError(f"{section}.{name} must be at least 1, not {getattr(cfg, name)}")
 
 
-def _check_heads(cfg: Any) -> None:
-    """d_model splits evenly into heads; the FFN activation and the positions are ones attnkit has."""
+def _check_heads(cfg: Any, **choices: tuple[str, ...]) -> None:
+    """d_model splits evenly into heads; the FFN activation, the positions (and `choices`) are ones attnkit has."""
     if cfg.d_model % cfg.n_heads:
         raise ConfigError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
-    if cfg.activation not in ACTIVATIONS:
-        raise ConfigError(f"model.activation must be one of {', '.join(ACTIVATIONS)}, not {cfg.activation!r}")
-    if cfg.positions not in POSITIONS:
-        raise ConfigError(f"model.positions must be one of {', '.join(POSITIONS)}, not {cfg.positions!r}")
+    for name, known in {"activation": ACTIVATIONS, "positions": POSITIONS, **choices}.items():
+        if getattr(cfg, name) not in known:
+            raise ConfigError(f"model.{name} must be one of {', '.join(known)}, not {getattr(cfg, name)!r}")
 
 
 def _check_fractions(cfg: Any, *names: str) -> None:
@@ -84,12 +84,13 @@ class TransformerConfig:
     ffn: bool = True  # the position-wise FFN in every layer (section 3.3); false: the attention blocks alone
     scale_scores: bool = True  # q . k / sqrt(d_k) (section 3.2.1); false: the raw dot products
     shared_qk: bool = False  # keys from the queries' projection, W^K = W^Q (the Reformer's); false: their own W^K
+    norm: str = "layer"  # layer (section 3.1) | batch: each block's BatchNorm over the batch's real tokens (NORMS)
 
     def __post_init__(self) -> None:
         _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
                         "n_decoder_layers", "max_positions", "relative_clip")
         _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
-        _check_heads(self)
+        _check_heads(self, norm=NORMS)
         if not 0.0 < self.layer_norm_eps < 1.0:
             raise ConfigError(f"model.layer_norm_eps must be in (0, 1), not {self.layer_norm_eps}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
@@ -141,9 +142,10 @@ class Optimisation:
         if self.horizon not in ("steps", "time"):
             raise ConfigError(f"train.horizon must be steps or time, not {self.horizon!r}")
         if self.horizon == "time" and (self.schedule != "cosine" and self.cooldown == 0 or self.max_minutes <= 0):
-            raise ConfigError("train.horizon=time decays the cosine schedule or the cooldown over train.max_minutes: "
-                              f"it needs schedule cosine (not {self.schedule}) or train.cooldown > 0, and "
-                              f"max_minutes > 0 (not {self.max_minutes:g})")
+            need = (f"train.max_minutes > 0 (not {self.max_minutes:g})" if self.max_minutes <= 0 else
+                    f"train.schedule cosine (not {self.schedule}) or train.cooldown > 0")
+            raise ConfigError(f"train.horizon=time decays the cosine schedule or the cooldown over train.max_minutes: "
+                              f"it needs {need}")
         if not 0.0 <= self.cooldown < 1.0:
             raise ConfigError(f"train.cooldown is a share of the horizon in [0, 1), not {self.cooldown}")
         if self.cooldown > 0 and self.max_steps <= 0 and self.horizon == "steps":

@@ -3,6 +3,7 @@
 # benchmarks/results/claims/: xl-table6 trains the six models, recl reuses them, planted-recall trains its four.
 #   bash benchmarks/results/claims/xl-claims.sh ts    # tiny-shakespeare, 3,000 updates (~2 h on 2 cores)
 #   bash benchmarks/results/claims/xl-claims.sh wt2   # wikitext-2, 6,000 updates (~3.5 h)
+#   bash benchmarks/results/claims/xl-claims.sh wt2 xl-table6 recl   # only those experiments, in that order
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 case "${1:?ts or wt2}" in
@@ -16,6 +17,13 @@ run() {  # NAME ARGS...: one experiment, its output and /usr/bin/time's figures 
     /usr/bin/time -v -o "$logs/$name.time" python3 -m attnkit experiment "$@" > "$logs/$name.log" 2>&1
     grep -E "Elapsed|Maximum resident" "$logs/$name.time" >> "$logs/$name.log"; rm "$logs/$name.time"
 }
-run "xl-table6-$1" xl-table6 --data "$data" --out "$out" --updates "$updates"
-run "recl-$1" recl --data "$data" --out "$out" --updates "$updates" --tokens "$tokens"
-run "planted-recall-$1" planted-recall --data "$data" --out "$out" --updates "$updates"
+corpus=$1; shift
+[ $# -gt 0 ] || set -- xl-table6 recl planted-recall
+for experiment in "$@"; do
+    case $experiment in
+        xl-table6|planted-recall)
+            run "$experiment-$corpus" "$experiment" --data "$data" --out "$out" --updates "$updates" ;;
+        recl) run "recl-$corpus" recl --data "$data" --out "$out" --updates "$updates" --tokens "$tokens" ;;
+        *) echo "unknown experiment $experiment: xl-table6, recl or planted-recall" >&2; exit 2 ;;
+    esac
+done

@@ -205,6 +205,12 @@ def _add_planted_recall(ex) -> None:
                         "lm-char-small-vanilla-64, lm-char-small-lstm-matched)")
     a.add_argument("--distances", type=int, nargs="+", default=[24, 48, 96, 192, 384, 768],
                    help="distances D of the evaluation text's pairs (the training text's are drawn from their range)")
+    a.add_argument("--train-distances", type=int, nargs=2, default=[24, 768], metavar=("LO", "HI"),
+                   help="the range the training text's D is drawn from")
+    a.add_argument("--train-spacing", choices=["uniform", "log"], default="uniform",
+                   help="training D uniform over the range, or log-uniform (more short pairs)")
+    a.add_argument("--gap", type=int, nargs=2, default=[16, 64], metavar=("LO", "HI"),
+                   help="tokens of text before each pair, drawn from this range")
     a.add_argument("--key-len", type=int, default=0, help="key tokens (default: 6 characters or 3 words)")
     a.add_argument("--eval-batch-size", type=int, default=8, help="rows (streams) of the evaluation text")
     a.add_argument("--seed", type=int, default=1, help="the planting's seed")
@@ -333,7 +339,8 @@ def cmd_planted_recall(args: argparse.Namespace, overrides: list[str]) -> None:
     from attnkit.experiments import planted_recall as pr
 
     data, level = _lm_data(args)
-    changes = dict(distances=tuple(args.distances), streams=args.eval_batch_size, seed=args.seed)
+    changes = dict(distances=tuple(args.distances), train_distances=tuple(args.train_distances),
+                   train_spacing=args.train_spacing, gap=tuple(args.gap), streams=args.eval_batch_size, seed=args.seed)
     planting = pr.default_planting(level, **changes)
     if args.key_len:
         planting = pr.Planting(key_len=args.key_len, **changes)

@@ -343,15 +343,15 @@ def plot_softmax_cmd(args, overrides: list[str]) -> None:
 
 
 def plot_order_cmd(args, overrides: list[str]) -> None:
-    from attnkit.viz.order import plot_order_blindness
+    from attnkit.viz.order import LABELS, plot_order_blindness
 
     plot = plot_order_blindness(_new(args.out, args.force), args.src, checkpoint=args.checkpoint, layer=args.layer,
                                 head=args.head, seed=args.seed)
     d = plot.data
     print(f"tokens: {' '.join(d['tokens'])}\nshuffle: {' '.join(d['tokens'][i] for i in d['order'])}")
+    gaps = ", ".join(f"{LABELS[name]} {d[f'{name}_max_difference']:.2g}" for name in d["compared"])
     print(f"encoder layer {d['layer']}, head {d['head']}: largest difference between the sentence's map and its "
-          f"shuffle's (put back): no positions {d['none_max_difference']:.2g}, sinusoids "
-          f"{d['sinusoidal_max_difference']:.2g}")
+          f"shuffle's (put back): {gaps}")
     print(f"wrote {args.out}")
 
 

@@ -1,7 +1,9 @@
 """Prepared corpora: text files -> tokenizer(s) + compact encoded splits in a data folder.
 
 `prepare` does the slow, deterministic work once (tokenizer training, encoding, filtering) so that
-every training run starts by memory-mapping a few arrays instead of re-tokenizing text.
+every training run starts by memory-mapping a few arrays instead of re-tokenizing text. The training text
+streams from disk to disk and the splits are memory-mapped when read: a corpus larger than memory prepares
+and trains in flat memory.
 
 Data folder layout:
     tokenizer.model | src.model + tgt.model    sentencepiece model(s)
@@ -13,22 +15,31 @@ Data folder layout:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import IO
 
 import numpy as np
-import safetensors
 import safetensors.numpy
 
-from attnkit.data.text import read_lines, read_parallel, write_lines
-from attnkit.data.tokenizer import DEFAULT_NORMALIZATION, MAX_SENTENCE_BYTES, SubwordTokenizer, too_long_to_learn
+from attnkit.data.arrays import ArrayWriter, map_arrays
+from attnkit.data.text import chunked, read_lines, read_parallel, stream_lines, write_lines
+from attnkit.data.tokenizer import (
+    DEFAULT_NORMALIZATION,
+    MAX_SENTENCE_BYTES,
+    SubwordTokenizer,
+    TrainingTextError,
+    too_long_to_learn,
+)
 from attnkit.errors import ConfigError, DataError
-from attnkit.io import atomic_write_bytes, atomic_write_json, ensure_new_output
+from attnkit.io import atomic_open, atomic_write_bytes, atomic_write_json, ensure_new_output
 
 SPLIT_NAMES = ("train", "valid", "test")
 _ARRAY_NAMES = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
@@ -82,13 +93,10 @@ class EncodedSplit:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> EncodedSplit:
+        """The split's arrays memory-mapped, not read: a corpus larger than memory trains in constant memory (the
+        lengths the batcher sorts by, 8 bytes an example, are the only per-example arrays in memory)."""
         path = Path(path)
-        if not path.is_file():
-            raise DataError(f"no such file: {path}")
-        try:
-            arrays = safetensors.numpy.load(path.read_bytes())
-        except safetensors.SafetensorError as e:
-            raise DataError(f"{path}: not a valid encoded split: {e}") from None
+        arrays, _ = map_arrays(path)
         _check_arrays(arrays, path)
         return cls(*(arrays[name] for name in _ARRAY_NAMES))
 
@@ -145,10 +153,12 @@ def _filter_train(
     tgt_ids: list[list[int]],
     max_src_len: int,
     max_tgt_len: int,
-) -> tuple[list[int], SplitCounts]:
-    """Indices of training pairs worth learning from: both sides non-empty and within the length caps. A side the
-    tokenizer reads as no tokens (only characters it drops: control or zero-width ones) is as empty as a blank one."""
-    keep, counts = [], SplitCounts()
+    counts: SplitCounts,
+) -> list[int]:
+    """Indices of training pairs worth learning from: both sides non-empty and within the length caps (`counts` adds
+    up what was kept and dropped). A side the tokenizer reads as no tokens (only characters it drops: control or
+    zero-width ones) is as empty as a blank one."""
+    keep = []
     for i, (s, t) in enumerate(zip(src_text, tgt_text)):
         if not s.strip() or not t.strip() or not len(src_ids[i]) or not len(tgt_ids[i]):
             counts.dropped_empty += 1
@@ -156,21 +166,23 @@ def _filter_train(
             counts.dropped_too_long += 1
         else:
             keep.append(i)
-    counts.kept = len(keep)
-    return keep, counts
+    counts.kept += len(keep)
+    counts.tokenizer_left_out += sum(map(too_long_to_learn, itertools.chain(src_text, tgt_text)))
+    return keep
 
 
 def _train_tokenizers(
-    src: list[str], tgt: list[str], *, vocab_size: int, joint: bool, **options
+    src: Iterable[str], tgt: Iterable[str], *, vocab_size: int, joint: bool, **options
 ) -> tuple[SubwordTokenizer, SubwordTokenizer]:
-    """One shared model (shared subwords for names/numbers, tieable embeddings) or one per language; `options`:
-    SubwordTokenizer.train's (model_type, seed, character_coverage, normalization)."""
+    """One shared model (shared subwords for names/numbers, tieable embeddings; every source line, then every target
+    line) or one per language; `options`: SubwordTokenizer.train's (model_type, seed, character_coverage,
+    normalization). The lines stream through once."""
 
-    def train(texts: list[str]) -> SubwordTokenizer:
+    def train(texts: Iterable[str]) -> SubwordTokenizer:
         return SubwordTokenizer.train(texts, vocab_size, **options)
 
     if joint:
-        tok = train(src + tgt)
+        tok = train(itertools.chain(src, tgt))
         return tok, tok
     return train(src), train(tgt)
 
@@ -192,22 +204,60 @@ def _remove_stale(out_dir: Path) -> None:
         (out_dir / name).unlink(missing_ok=True)
 
 
-def _encode_split(
-    name: str,
-    src: list[str],
-    tgt: list[str],
+def _encode_split(src: list[str], tgt: list[str], src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer) -> EncodedSplit:
+    """A valid or test split, encoded whole and unfiltered: it is scored against every reference line."""
+    return EncodedSplit.from_pairs(src_tok.encode(src), tgt_tok.encode(tgt))
+
+
+def _parallel_lines(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """(source line, target line) streamed from the two files; a file that ends first is a DataError giving both
+    line counts, as read_parallel's."""
+    pairs = itertools.zip_longest(stream_lines(src_path), stream_lines(tgt_path))
+    for n, (src, tgt) in enumerate(pairs):  # n: pairs before this one
+        if src is None or tgt is None:
+            counts = [n + (src is not None), n + (tgt is not None)]
+            for rest in pairs:
+                counts = [count + (line is not None) for count, line in zip(counts, rest)]
+            raise DataError(f"parallel files differ in length: {src_path} has {counts[0]} lines, {tgt_path} has "
+                            f"{counts[1]}")
+        yield src, tgt
+
+
+@contextlib.contextmanager
+def _train_files(out_dir: Path) -> Iterator[tuple[ArrayWriter, IO[str], IO[str]]]:
+    """The train split's outputs, written as the corpus streams in: they replace the folder's files only when the
+    block ends without an error (the arrays first, then the kept text)."""
+    dtypes = dict(zip(_ARRAY_NAMES, (np.int32, np.int64, np.int32, np.int64)))
+    with (ArrayWriter(out_dir / "train.safetensors", dtypes) as arrays,
+          atomic_open(out_dir / "train.src.txt") as src_text, atomic_open(out_dir / "train.tgt.txt") as tgt_text):
+        yield arrays, src_text, tgt_text
+        arrays.finish()
+
+
+def _encode_train(
+    files: tuple[ArrayWriter, IO[str], IO[str]],
+    pairs: Iterator[tuple[str, str]],
     src_tok: SubwordTokenizer,
     tgt_tok: SubwordTokenizer,
     max_src_len: int,
     max_tgt_len: int,
-) -> tuple[EncodedSplit, SplitCounts, list[int]]:
-    """Encode one split and name the lines kept; only train is filtered (valid/test are scored against every
-    reference line)."""
-    src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
-    if name != "train":
-        return EncodedSplit.from_pairs(src_ids, tgt_ids), SplitCounts(kept=len(src)), list(range(len(src)))
-    keep, counts = _filter_train(src, tgt, src_ids, tgt_ids, max_src_len, max_tgt_len)
-    return EncodedSplit.from_pairs([src_ids[i] for i in keep], [tgt_ids[i] for i in keep]), counts, keep
+) -> SplitCounts:
+    """Encode and filter the training pairs a chunk at a time into `files` (`_train_files`): memory stays flat
+    whatever the corpus's size."""
+    arrays, counts, ends = files[0], SplitCounts(), {"src": 0, "tgt": 0}
+    for side in ends:
+        arrays.append(f"{side}_offsets", [0])
+    for chunk in chunked(pairs):
+        src, tgt = (list(side) for side in zip(*chunk))
+        src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
+        keep = _filter_train(src, tgt, src_ids, tgt_ids, max_src_len, max_tgt_len, counts)
+        for (side, text, ids), out in zip((("src", src, src_ids), ("tgt", tgt, tgt_ids)), files[1:]):
+            flat, offsets = _flatten([ids[i] for i in keep])
+            arrays.append(f"{side}_ids", flat)
+            arrays.append(f"{side}_offsets", ends[side] + offsets[1:])
+            ends[side] += len(flat)
+            out.write("".join(text[i] + "\n" for i in keep))
+    return counts
 
 
 def _check_lengths(max_src_len: int, max_tgt_len: int) -> None:
@@ -254,31 +304,31 @@ def prepare(
     """
     _check_lengths(max_src_len, max_tgt_len)
     out_dir = _check_out_dir(ensure_new_output(out_dir, force, what="data folder"))
-    # read everything before writing anything: a bad valid file must not leave a half-made folder
     given = {name: paths for name, paths in zip(SPLIT_NAMES, (train, valid, test)) if paths is not None}
-    texts = {name: read_parallel(*paths) for name, paths in given.items()}
+    # valid and test (small) are read whole before anything is written: a bad valid file leaves no half-made folder
+    texts = {name: read_parallel(*paths) for name, paths in given.items() if name != "train"}
     try:
         src_tok, tgt_tok = _train_tokenizers(
-            *texts["train"], vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed,
+            *map(stream_lines, given["train"]), vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed,
             normalization=normalization, character_coverage=character_coverage,
         )
-    except DataError as e:
+    except TrainingTextError as e:  # a file that cannot be read names itself
         raise DataError(f"{given['train'][0]}, {given['train'][1]}: {e}") from None
-    splits = {name: _encode_split(name, src, tgt, src_tok, tgt_tok, max_src_len, max_tgt_len)
-              for name, (src, tgt) in texts.items()}
-    splits["train"][1].tokenizer_left_out = sum(map(too_long_to_learn, itertools.chain(*texts["train"])))
-    if splits["train"][1].kept == 0:
-        raise DataError(f"{given['train'][0]}, {given['train'][1]}: no training pairs left "
-                        f"({splits['train'][1].summary()}; see --max-src-len / --max-tgt-len)")
+    splits = {name: _encode_split(src, tgt, src_tok, tgt_tok) for name, (src, tgt) in texts.items()}
     _make_dir(out_dir)
-    _remove_stale(out_dir)
+    with _train_files(out_dir) as files:  # the training pairs stream from disk to disk
+        counts = _encode_train(files, _parallel_lines(*given["train"]), src_tok, tgt_tok, max_src_len, max_tgt_len)
+        if counts.kept == 0:
+            raise DataError(f"{given['train'][0]}, {given['train'][1]}: no training pairs left "
+                            f"({counts.summary()}; see --max-src-len / --max-tgt-len)")
+        _remove_stale(out_dir)
     _save_tokenizers(out_dir, src_tok, tgt_tok)
-    report = PrepareReport()
-    for name, (split, counts, kept) in splits.items():
+    report = PrepareReport(splits={"train": counts})
+    for name, split in splits.items():
         for side, lines in zip(("src", "tgt"), texts[name]):
-            write_lines(out_dir / f"{name}.{side}.txt", [lines[i] for i in kept])
+            write_lines(out_dir / f"{name}.{side}.txt", lines)
         split.save(out_dir / f"{name}.safetensors")
-        report.splits[name] = counts
+        report.splits[name] = SplitCounts(kept=len(split))
     settings = {
         "vocab_size_requested": vocab_size,
         "src_vocab_size": src_tok.vocab_size,

@@ -6,8 +6,9 @@ Levels: `char` (every character, newlines included), `word` (whitespace tokens p
 end of every line, as WikiText and PTB are modelled) and `subword` (sentencepiece via
 attnkit.data.tokenizer, `<eos>` = its EOS id per line).
 
-Data folder layout (written by `prepare_lm`):
-    corpus.safetensors    one int32 id stream per split (train, valid, test), the vocabulary in the metadata
+Data folder layout (written by `prepare_lm`, streaming: a corpus larger than memory prepares in flat memory):
+    corpus.safetensors    one int32 id stream per split (train, valid, test), the vocabulary in the metadata;
+                          memory-mapped when loaded, so training reads a segment at a time
 
 Ordered batching (Dai et al. 2019, as in their reference code): the stream is cut into B contiguous
 parts, one per batch row, and read T tokens at a time, so segment tau + 1 of row b continues segment
@@ -19,22 +20,22 @@ The corpus stays on the CPU; only the (B, T) batches move to the device.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import safetensors
-import safetensors.numpy
 import torch
 
-from attnkit.data.text import check_unicode, read_lines
-from attnkit.data.tokenizer import EOS_ID, SubwordTokenizer
+from attnkit.data.arrays import ArrayWriter, map_arrays
+from attnkit.data.text import check_unicode, chunked, stream_lines
+from attnkit.data.tokenizer import EOS_ID, SubwordTokenizer, TrainingTextError
 from attnkit.errors import ConfigError, DataError
-from attnkit.io import atomic_write_bytes, ensure_new_output
+from attnkit.io import ensure_new_output
 
 LEVELS = ("char", "word", "subword")
 UNK, EOS = "<unk>", "<eos>"
@@ -53,8 +54,9 @@ class LMVocab:
         self.unk = self.index.get(UNK, 0)
 
     @classmethod
-    def build(cls, lines: list[str], level: str, vocab_size: int = 8000) -> LMVocab:
-        """Learn the vocabulary of training lines: every character / word (most frequent first), or sentencepiece."""
+    def build(cls, lines: Iterable[str], level: str, vocab_size: int = 8000) -> LMVocab:
+        """Learn the vocabulary of training lines (read once: a stream will do): every character / word (most
+        frequent first), or sentencepiece."""
         if level == "subword":
             return cls(level, subword=SubwordTokenizer.train(lines, vocab_size))
         counts = Counter(_units(lines, level))
@@ -127,40 +129,92 @@ def _units(lines: list[str], level: str) -> Iterator[str]:
             yield EOS
 
 
+class _Int64Splits(Mapping):
+    """The splits as (N,) int64 tensors in memory, each made when asked for (scoring reads valid or test whole)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.arrays = arrays
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.arrays[name], dtype=np.int64))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+
 @dataclass
 class LMCorpus:
+    """A vocabulary and its id streams: `arrays` (N,) int32 numpy arrays, memory-mapped when loaded from disk (the
+    training stream of a corpus larger than memory is read a segment at a time), `splits` the same as int64 tensors
+    made on demand."""
+
     vocab: LMVocab
-    splits: dict[str, torch.Tensor]  # name -> (N,) int64 ids, on the CPU
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def splits(self) -> Mapping[str, torch.Tensor]:
+        return _Int64Splits(self.arrays)
 
     def save(self, out_dir: str | os.PathLike) -> None:
-        arrays = {name: ids.numpy().astype(np.int32) for name, ids in self.splits.items()}
-        atomic_write_bytes(Path(out_dir) / CORPUS_FILE,
-                           safetensors.numpy.save(arrays, metadata={"vocab": self.vocab.to_json()}))
+        with ArrayWriter(Path(out_dir) / CORPUS_FILE, dict.fromkeys(self.arrays, np.int32)) as out:
+            for name, ids in self.arrays.items():
+                out.append(name, ids)
+            out.finish(metadata={"vocab": self.vocab.to_json()})
 
     def summary(self) -> str:
-        sizes = ", ".join(f"{name} {len(ids):,}" for name, ids in self.splits.items())
+        sizes = ", ".join(f"{name} {len(ids):,}" for name, ids in self.arrays.items())
         return f"{self.vocab.level}-level vocabulary of {self.vocab.vocab_size:,}; tokens: {sizes}"
 
 
 def load_lm_corpus(data_dir: str | os.PathLike) -> LMCorpus:
+    """The corpus of a prepared folder, its id streams memory-mapped (nothing of them is read until used)."""
     path = Path(data_dir) / CORPUS_FILE
     if not path.is_file():
         raise DataError(f"no LM corpus in {data_dir} (expected {CORPUS_FILE}; run `attnkit lm prepare`)")
-    data = path.read_bytes()
+    arrays, metadata = map_arrays(path)
+    if "vocab" not in metadata:
+        raise DataError(f"{path} is not a readable LM corpus: no vocabulary in its metadata")
     try:
-        arrays = safetensors.numpy.load(data)
-        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-        vocab = LMVocab.from_json(header["__metadata__"]["vocab"])
-    except (safetensors.SafetensorError, ValueError, KeyError) as e:
+        vocab = LMVocab.from_json(metadata["vocab"])
+    except DataError as e:
         raise DataError(f"{path} is not a readable LM corpus: {e}") from None
-    return LMCorpus(vocab, {name: torch.from_numpy(a.astype(np.int64)) for name, a in arrays.items()})
+    return LMCorpus(vocab, arrays)
+
+
+def _count_lines(path: str | os.PathLike) -> int:
+    return sum(1 for _ in stream_lines(path))
+
+
+def _learn_vocab(train: str | os.PathLike, level: str, vocab_size: int, lines: int | None) -> LMVocab:
+    try:
+        return LMVocab.build(itertools.islice(stream_lines(train), lines), level, vocab_size)
+    except TrainingTextError as e:  # e.g. sentencepiece finding no line it can learn from
+        raise DataError(f"{train}: {e}") from None
+
+
+def _write_stream(out: ArrayWriter, vocab: LMVocab, lines: Iterable[str], name: str, *, rest: str | None = None,
+                  cut: int = 0) -> None:
+    """Encode `lines` a chunk at a time into array `name`; with `rest`, only the first `cut` tokens, the others into
+    array `rest`."""
+    written = 0
+    for chunk in chunked(lines):
+        ids = vocab.encode(chunk)
+        head = len(ids) if rest is None else max(0, min(len(ids), cut - written))
+        out.append(name, ids[:head])
+        if head < len(ids):
+            out.append(rest, ids[head:])
+        written += len(ids)
 
 
 def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike | None, valid: str | os.PathLike | None = None,
                test: str | os.PathLike | None = None, *, level: str = "char", vocab_size: int = 8000,
                valid_fraction: float = 0.0, force: bool = False, vocab: LMVocab | None = None) -> LMCorpus:
     """Read text files (plain or .gz), learn the vocabulary on train (or take `vocab`: a model's, so that its
-    checkpoint scores the splits), encode every split given, save.
+    checkpoint scores the splits), encode every split given, save; the text streams from disk to disk, a pass to
+    learn the vocabulary and one to encode, so that a corpus larger than memory prepares in flat memory.
 
     Without a valid file, `valid_fraction` > 0 holds out the end of train: the last fraction of its
     characters (char level: the vocabulary is then the whole file's, as nanoGPT's Shakespeare) or of its
@@ -172,55 +226,62 @@ def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike | None, vali
     if train is None and vocab is None:
         raise ConfigError("prepare needs the training text to learn a vocabulary from (or a model's vocabulary)")
     level = vocab.level if vocab is not None else level
-    train_lines = read_lines(train) if train is not None else None
-    hold_out = not valid and valid_fraction > 0 and train_lines is not None
-    valid_lines = read_lines(valid) if valid else None
-    if hold_out and level != "char":
-        cut = int(len(train_lines) * (1 - valid_fraction))
-        train_lines, valid_lines = train_lines[:cut], train_lines[cut:]
-    if vocab is None:
-        try:
-            vocab = LMVocab.build(train_lines, level, vocab_size)
-        except DataError as e:  # e.g. sentencepiece finding no line it can learn from
-            raise DataError(f"{train}: {e}") from None
-    splits = {"train": train_lines, "valid": valid_lines, "test": read_lines(test) if test else None}
-    ids = {name: torch.from_numpy(vocab.encode(lines).astype(np.int64))
-           for name, lines in splits.items() if lines is not None}
-    if hold_out and level == "char":
-        cut = int(ids["train"].numel() * (1 - valid_fraction))
-        ids["train"], ids["valid"] = ids["train"][:cut].clone(), ids["train"][cut:].clone()
-    corpus = LMCorpus(vocab, {name: ids[name] for name in ("train", "valid", "test") if name in ids})
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    corpus.save(out_dir)
-    return corpus
+    for path in (valid, test):
+        if path:
+            next(stream_lines(path))  # a missing or empty file fails before the long passes over train
+    hold_out = not valid and valid_fraction > 0 and train is not None
+    kept_lines = int(_count_lines(train) * (1 - valid_fraction)) if hold_out and level != "char" else None
+    vocab = vocab or _learn_vocab(train, level, vocab_size, kept_lines)
+    path = Path(out_dir) / CORPUS_FILE
+    names = [name for name, given in (("train", train), ("valid", valid or hold_out), ("test", test)) if given]
+    with ArrayWriter(path, dict.fromkeys(names, np.int32)) as out:
+        if hold_out and level == "char":  # a token per character and newline: the cut in tokens is known
+            n = sum(len(line) + 1 for line in stream_lines(train))
+            _write_stream(out, vocab, stream_lines(train), "train", rest="valid", cut=int(n * (1 - valid_fraction)))
+        elif hold_out:  # by lines: the first kept_lines to train, the others to valid
+            lines = stream_lines(train)
+            _write_stream(out, vocab, itertools.islice(lines, kept_lines), "train")
+            _write_stream(out, vocab, lines, "valid")
+        for name, text in (("train", train), ("valid", valid), ("test", test)):
+            if text and not (hold_out and name == "train"):
+                _write_stream(out, vocab, stream_lines(text), name)
+        out.finish(metadata={"vocab": vocab.to_json()})
+    return load_lm_corpus(out_dir)
+
+
+def _long(ids: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A batch as int64: a slice of a memory-mapped int32 stream is copied (B x T ids), an int64 tensor kept as is."""
+    return ids.long() if isinstance(ids, torch.Tensor) else torch.from_numpy(np.array(ids, dtype=np.int64))
 
 
 class LMStreams:
-    """A (N,) id stream as B parallel rows read in segments of T: batch tau = (x, y), (B, <= E + T) and (B, <= T),
-    where the first E = ext_len inputs (fewer in the first segment) are the context before the segment."""
+    """A (N,) id stream (a tensor, or a memory-mapped array read a segment at a time) as B parallel rows read in
+    segments of T: batch tau = (x, y), (B, <= E + T) and (B, <= T) int64, where the first E = ext_len inputs (fewer
+    in the first segment) are the context before the segment."""
 
-    def __init__(self, ids: torch.Tensor, batch_size: int, tgt_len: int, ext_len: int = 0):
-        n_per_stream = ids.numel() // batch_size
+    def __init__(self, ids: torch.Tensor | np.ndarray, batch_size: int, tgt_len: int, ext_len: int = 0):
+        n_per_stream = len(ids) // batch_size
         if n_per_stream < 2:
-            raise DataError(f"{ids.numel()} tokens are too few for {batch_size} streams")
-        self.data = ids[: n_per_stream * batch_size].view(batch_size, n_per_stream)  # (B, L), row b = part b
+            raise DataError(f"{len(ids)} tokens are too few for {batch_size} streams")
+        self.data = ids[: n_per_stream * batch_size].reshape(batch_size, n_per_stream)  # (B, L), row b = part b
         self.tgt_len, self.ext_len = tgt_len, ext_len
 
     def __len__(self) -> int:
         """Segments per pass: every position but the last of a row is an input (the last is only a target)."""
-        return -(-(self.data.size(1) - 1) // self.tgt_len)
+        return -(-(self.data.shape[1] - 1) // self.tgt_len)
 
     @property
     def n_tokens(self) -> int:
         """Predicted tokens per pass."""
-        return self.data.size(0) * (self.data.size(1) - 1)
+        return self.data.shape[0] * (self.data.shape[1] - 1)
 
     def batch(self, tau: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Segment tau: inputs data[:, tau*T-E : tau*T+T] (from 0 at most), targets data[:, tau*T+1 : tau*T+T+1]
         (the last segment shorter): the reference's LMOrderedIterator.get_batch."""
         start = tau * self.tgt_len
-        end = min(start + self.tgt_len, self.data.size(1) - 1)
-        return self.data[:, max(0, start - self.ext_len) : end], self.data[:, start + 1 : end + 1]  # (B, E+T), (B, T)
+        end = min(start + self.tgt_len, self.data.shape[1] - 1)
+        x, y = self.data[:, max(0, start - self.ext_len) : end], self.data[:, start + 1 : end + 1]  # (B, E+T), (B, T)
+        return _long(x), _long(y)
 
     def segments(self, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches start, start + 1, ... to the end of the pass (resuming mid-pass starts later)."""

@@ -7,14 +7,17 @@ not as a traceback from deep inside a tokenizer.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from attnkit.errors import DataError
 from attnkit.io import atomic_write_text
+
+T = TypeVar("T")
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -88,6 +91,32 @@ def iter_lines(stream: IO, name: str = "<stdin>") -> Iterator[str]:
             if not raw:  # a BOM alone is no line, as in a file
                 return
         yield _decode_line(_strip_cr(raw.removesuffix(b"\n")), name, lineno)
+
+
+def stream_lines(path: str | os.PathLike) -> Iterator[str]:
+    """The lines read_lines returns, one at a time from disk: for corpora larger than memory."""
+    path, empty = Path(path), True
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            for line in iter_lines(f, str(path)):
+                empty = False
+                yield line
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read: {e}") from None
+    if empty:
+        raise DataError(f"{path} is empty")
+
+
+CHUNK_LINES = 10_000  # lines the streaming prepares encode at a time: their memory does not grow with the corpus
+
+
+def chunked(items: Iterable[T], size: int | None = None) -> Iterator[list[T]]:
+    """`items` in lists of `size` (CHUNK_LINES when None; the last list shorter), read as they come."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, size or CHUNK_LINES)):
+        yield chunk
 
 
 def lone_surrogate(text: str) -> int:

@@ -7,8 +7,9 @@ trained with exactly those ids and nothing else in the code base needs to ask fo
 from __future__ import annotations
 
 import io
+import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
@@ -43,20 +44,30 @@ def too_long_to_learn(text: str) -> bool:
     return len(text.encode("utf-8", "surrogatepass")) > MAX_SENTENCE_BYTES
 
 
-def _trainable(texts: Iterable[str]) -> list[str]:
-    """Lines sentencepiece learns from: empty lines carry no statistics, over-long ones it would skip."""
-    return [t for t in texts if t.strip() and not too_long_to_learn(t)]
+def _trainable(texts: Iterable[str], failure: list[BaseException]) -> Iterator[str]:
+    """Lines sentencepiece learns from, as they come (a corpus larger than memory streams through): empty lines carry
+    no statistics, over-long ones it would skip. An error of the reader behind `texts` (a bad byte on line 3 000 000)
+    or a Ctrl-C ends the lines and lands in `failure`, to be raised as itself once sentencepiece has returned (it
+    would report it as its own failure)."""
+    try:
+        yield from (t for t in texts if t.strip() and not too_long_to_learn(t))
+    except (Exception, KeyboardInterrupt) as e:
+        failure.append(e)
 
 
-def _training_error(e: RuntimeError) -> DataError:
+class TrainingTextError(DataError):
+    """The training text cannot make a vocabulary (as against a file that cannot be read, whose error names it)."""
+
+
+def _training_error(e: RuntimeError) -> TrainingTextError:
     """sentencepiece's status text (`INTERNAL: trainer_interface.cc(576) [...]`) as a sentence a user can act on."""
     text = str(e).strip()
     if "all_chars_count" in text:
-        return DataError("cannot train tokenizer: the text holds no characters it can learn from "
-                         "(only control, format or whitespace characters?)")
+        return TrainingTextError("cannot train tokenizer: the text holds no characters it can learn from "
+                                 "(only control, format or whitespace characters?)")
     if "sentences_.empty()" in text:
-        return DataError("cannot train tokenizer: no usable training text")
-    return DataError(f"cannot train tokenizer: {' '.join(text.split())}")
+        return TrainingTextError("cannot train tokenizer: no usable training text")
+    return TrainingTextError(f"cannot train tokenizer: {' '.join(text.split())}")
 
 
 class SubwordTokenizer:
@@ -75,7 +86,9 @@ class SubwordTokenizer:
         seed: int = 0,
         normalization: str = DEFAULT_NORMALIZATION,
     ) -> SubwordTokenizer:
-        """Train in memory; `hard_vocab_limit=False` lets tiny test corpora yield a smaller vocab.
+        """Train on `texts`, any iterable of lines read once (`stream_lines` for a corpus larger than memory:
+        sentencepiece keeps a sample of MAX_TRAIN_SENTENCES); `hard_vocab_limit=False` lets tiny corpora yield a
+        smaller vocab.
 
         `character_coverage`: the share of the training text's characters the vocabulary must cover, the rarest
         characters beyond it becoming UNK (sentencepiece suggests 0.9995 for languages with large character sets;
@@ -87,14 +100,19 @@ class SubwordTokenizer:
             raise ConfigError(f"unknown normalization {normalization!r} (known: {', '.join(NORMALIZATIONS)})")
         if not 0.0 < character_coverage <= 1.0:
             raise ConfigError(f"character_coverage must be in (0, 1], got {character_coverage:g}")
-        sentences = _trainable(texts)
-        if not sentences:
-            raise DataError(f"cannot train tokenizer: every line is empty or longer than {MAX_SENTENCE_BYTES} bytes")
+        failure: list[BaseException] = []
+        sentences = _trainable(texts, failure)
+        first = next(sentences, None)
+        if failure:
+            raise failure[0]
+        if first is None:
+            raise TrainingTextError(f"cannot train tokenizer: every line is empty or longer than {MAX_SENTENCE_BYTES} "
+                                    "bytes")
         spm.set_random_generator_seed(seed)  # sentence sampling and unigram EM are random
         model = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences),
+                sentence_iterator=itertools.chain([first], sentences),
                 model_writer=model,
                 vocab_size=vocab_size,
                 model_type=model_type,
@@ -113,7 +131,11 @@ class SubwordTokenizer:
                 minloglevel=2,
             )
         except RuntimeError as e:  # e.g. only control characters, or an unknown model_type
+            if failure:
+                raise failure[0] from None
             raise _training_error(e) from None
+        if failure:
+            raise failure[0]
         return cls.from_bytes(model.getvalue())
 
     @classmethod

@@ -5,6 +5,7 @@ so that the command line lists them without loading torch."""
 PARTS = {
     "paper": ("every part (the preset as it is)", ()),
     "no-residual": ("no residual connections: LayerNorm(Sublayer(x))", ("model.residual=false",)),
+    "batch-norm": ("BatchNorm over the batch's tokens instead of LayerNorm", ("model.norm=batch",)),
     "no-ffn": ("no position-wise FFN: attention blocks only", ("model.ffn=false",)),
     "no-wo": ("no W^O: the concatenated heads are the output", ("model.output_projection=false",)),
     "shared-qk": ("keys = queries: W^K = W^Q", ("model.shared_qk=true",)),

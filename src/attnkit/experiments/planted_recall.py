@@ -16,7 +16,8 @@ apart from the models of `xl-table6` and `recl`, which share OUT/data and OUT/<m
   occurrences elsewhere are overwritten with the most frequent token), so it stands only where it was planted;
 - keys of 6 lowercase letters (characters) or 3 words from the 1,000 rarest (words): chance is log 26 = 3.26 and
   log 1000 = 6.91 nats a key token, perfect recall 0;
-- training text: D drawn uniformly from 24 .. 768 for every pair, after gaps of 16 .. 64 tokens of text;
+- training text: D drawn uniformly from 24 .. 768 for every pair (`--train-distances`; `--train-spacing log`:
+  log-uniformly, more short pairs), after gaps of 16 .. 64 tokens of text (`--gap`);
 - evaluation text (test; valid without one): D = 24, 48, 96, 192, 384, 768 in turn, in B rows read as B streams.
 
 OUT/planted_recall.{md,csv,json}: per model and D the recalled key tokens' loss (nats), accuracy (ranked first)
@@ -62,6 +63,7 @@ class Planting:
     key_len: int
     distances: tuple[int, ...] = (24, 48, 96, 192, 384, 768)
     train_distances: tuple[int, int] = (24, 768)
+    train_spacing: str = "uniform"  # training D uniform over its range, or "log": log-uniform (more short pairs)
     gap: tuple[int, int] = (16, 64)
     pool_size: int = 1000
     streams: int = 8
@@ -76,6 +78,18 @@ def default_models(level: str) -> list[str]:
 
 def default_planting(level: str, **changes) -> Planting:
     return Planting(key_len=6 if level == "char" else 3, **changes)
+
+
+def training_distances(p: Planting) -> list[int]:
+    """What the training text's D is drawn from, uniformly: every D of the range, or for "log" spacing 64
+    geometrically spaced ones (a log-uniform draw, rounded: as many pairs below the range's geometric mean as above
+    it)."""
+    lo, hi = p.train_distances
+    if p.train_spacing == "uniform":
+        return list(range(lo, hi + 1))
+    if p.train_spacing == "log":
+        return sorted({int(d) for d in np.geomspace(lo, hi, 64).round()})
+    raise AttnkitError(f"planted-recall: the training distances' spacing is uniform or log, not {p.train_spacing!r}")
 
 
 def planting_tokens(vocab: LMVocab, train: np.ndarray, pool_size: int) -> tuple[int, int, list[int]]:
@@ -98,19 +112,18 @@ def planting_tokens(vocab: LMVocab, train: np.ndarray, pool_size: int) -> tuple[
 def plant_corpus(corpus: LMCorpus, p: Planting, *, train_rows: int, lead: int) -> tuple[LMCorpus, dict[str, Planted]]:
     """The corpus with keys planted in every split (training: random distances in `train_rows` rows; the others:
     the evaluation distances in turn, in `p.streams` rows, the first pair after `lead` tokens)."""
-    marker, filler, pool = planting_tokens(corpus.vocab, corpus.splits["train"].numpy(), p.pool_size)
+    marker, filler, pool = planting_tokens(corpus.vocab, np.asarray(corpus.arrays["train"]), p.pool_size)
     common = dict(marker=marker, filler=filler, key_pool=pool, key_len=p.key_len, gap=p.gap)
     planted = {}
-    for i, (name, ids) in enumerate(corpus.splits.items()):
+    for i, (name, ids) in enumerate(corpus.arrays.items()):
+        ids = np.asarray(ids, dtype=np.int64)  # (N,), read into memory: the corpora planted are small
         if name == "train":
-            lo, hi = p.train_distances
-            planted[name] = plant(ids.numpy(), distances=range(lo, hi + 1), rows=train_rows, order="random",
+            planted[name] = plant(ids, distances=training_distances(p), rows=train_rows, order="random",
                                   seed=p.seed, **common)
         else:
-            planted[name] = plant(ids.numpy(), distances=p.distances, rows=p.streams, order="cycle", lead=lead,
+            planted[name] = plant(ids, distances=p.distances, rows=p.streams, order="cycle", lead=lead,
                                   seed=p.seed + i, **common)
-    splits = {name: torch.from_numpy(pl.flat()) for name, pl in planted.items()}
-    return LMCorpus(corpus.vocab, splits), planted
+    return LMCorpus(corpus.vocab, {name: pl.flat() for name, pl in planted.items()}), planted
 
 
 @dataclass
@@ -159,7 +172,7 @@ def planted_recall(presets: Sequence[str], data_dir: Path, out_dir: Path, update
     planted_corpus.save(target)
     marker = int(planted["train"].marker)
     record = {"planting": asdict(p), "marker": marker, "marker_token": _token(corpus.vocab, marker),
-              "key_pool": len(planting_tokens(corpus.vocab, corpus.splits["train"].numpy(), p.pool_size)[2]),
+              "key_pool": len(planting_tokens(corpus.vocab, np.asarray(corpus.arrays["train"]), p.pool_size)[2]),
               "pairs": {name: int(pl.row.size) for name, pl in planted.items()}}
     atomic_write_json(target / "planting.json", record)
     say(f"planted {record['pairs']} pairs (marker {record['marker_token']!r}, keys of {p.key_len} from "

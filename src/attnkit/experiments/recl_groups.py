@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from attnkit.checkpoint import load_lm_checkpoint
 from attnkit.data.lm import load_lm_corpus
@@ -75,20 +76,26 @@ def contexts_of(kind: str, tgt_len: int, grid: Sequence[int]) -> list[int]:
     return out or list(grid[:1])
 
 
-def window_losses(path: Path, run_dir: Path, data_dir: Path, split: str, positions: np.ndarray, grid: Sequence[int],
-                  *, clamp_len: int, batch_size: int, device: str, say: Callable[[str], None]
-                  ) -> dict[int, np.ndarray]:
-    """Per-token losses (K,) of the checkpoint `path` at each of its contexts, read from `run_dir`/eval/ when this
-    checkpoint scored these tokens before."""
-    key = evaluation_key(path, data_dir)
-    dev = resolve_device(device)
-    model, _, cfg = load_lm_checkpoint(path, dev)
+def load_member(path: Path, data_dir: Path, device: str) -> tuple[torch.nn.Module, object]:
+    """(model on the device, its run config) of a member's checkpoint, refused when its vocabulary is not the
+    corpus's."""
+    model, _, cfg = load_lm_checkpoint(path, resolve_device(device))
     corpus = load_lm_corpus(data_dir)
     if corpus.vocab.vocab_size != cfg.model.vocab_size:
         raise AttnkitError(f"recl: {path} has a vocabulary of {cfg.model.vocab_size:,}, {data_dir} one of "
                            f"{corpus.vocab.vocab_size:,}: prepare the text with `attnkit lm prepare --vocab-from "
                            f"{path}`")
-    ids = corpus.splits[split]
+    return model, cfg
+
+
+def window_losses(path: Path, model: torch.nn.Module, cfg, run_dir: Path, data_dir: Path, split: str,
+                  positions: np.ndarray, grid: Sequence[int], *, clamp_len: int, batch_size: int,
+                  say: Callable[[str], None]) -> dict[int, np.ndarray]:
+    """Per-token losses (K,) of `model` (loaded from the checkpoint `path`, with its config `cfg`) at each of its
+    contexts, read from `run_dir`/eval/ when this checkpoint scored these tokens before."""
+    key = evaluation_key(path, data_dir)
+    dev = next(model.parameters()).device
+    ids = load_lm_corpus(data_dir).splits[split]
     segment = cfg.train.tgt_len if model.kind == "recurrent-vanilla-lm" else None
     first, last = int(positions[0]), int(positions[-1])
     out = {}
@@ -133,9 +140,12 @@ def recl_groups(groups: Mapping[str, Sequence[str]], data_dir: Path, out_dir: Pa
     splits = load_lm_corpus(data_dir).splits
     split = "test" if "test" in splits else "valid"
     positions = target_positions(splits[split].numel(), grid[-1], tokens)
-    losses = {m: window_losses(model.path, out_dir / model.name, data_dir, split, positions, grid,
-                               clamp_len=clamp_len, batch_size=batch_size, device=device, say=say)
-              for m, model in models.items()}
+    losses, described = {}, {}
+    for m, member in models.items():  # each checkpoint loaded once
+        model, cfg = load_member(member.path, data_dir, device)
+        losses[m] = window_losses(member.path, model, cfg, out_dir / member.name, data_dir, split, positions, grid,
+                                  clamp_len=clamp_len, batch_size=batch_size, say=say)
+        described[member.name] = _describe(member, model, cfg, grid)
     results = {}
     for group, group_members in groups.items():
         by_model = {models[m].name: losses[m] for m in group_members}
@@ -143,7 +153,7 @@ def recl_groups(groups: Mapping[str, Sequence[str]], data_dir: Path, out_dir: Pa
                           for r in rs}
     summary = {"level": level, "split": split, "tokens": int(positions.size), "contexts": grid,
                "delta": grid[1] - grid[0], "threshold": threshold, "updates": updates if presets else None,
-               "clamp_len": clamp_len, "models": {m.name: _describe(m, grid) for m in models.values()},
+               "clamp_len": clamp_len, "models": described,
                "groups": {g: [models[m].name for m in ms] for g, ms in groups.items()}, "results": results}
     write_recl(summary, out_dir)
     return summary
@@ -167,8 +177,7 @@ def _checkpoint_member(member: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
-def _describe(m: Model, grid: Sequence[int]) -> dict:
-    model, _, cfg = load_lm_checkpoint(m.path, "cpu")
+def _describe(m: Model, model: torch.nn.Module, cfg, grid: Sequence[int]) -> dict:
     t = m.trained
     return {"preset": t.preset if t else None, "checkpoint": str(m.path), "kind": model.kind,
             "parameters": sum(p.numel() for p in model.parameters()), "updates": t.steps if t else "",

@@ -40,6 +40,7 @@ from attnkit.nn import (
     position_encoding,
 )
 from attnkit.nn.layers import StepWeights
+from attnkit.nn.norms import make_norm, norm_function
 from attnkit.nn.outputs import step_log_probs
 from attnkit.nn.shaw import self_attention_for
 
@@ -104,7 +105,7 @@ def attention_class(c: TransformerConfig) -> type[MultiHeadAttention]:
 def removed_parts(c: TransformerConfig) -> list[str]:
     """The parts of the paper's layer a model goes without, as `model.FIELD: value` settings (none: []): what no
     export format can hold."""
-    kept = {"residual": True, "ffn": True, "scale_scores": True, "shared_qk": False}
+    kept = {"residual": True, "ffn": True, "scale_scores": True, "shared_qk": False, "norm": "layer"}
     return [f"model.{name}: {str(getattr(c, name)).lower()}" for name, value in kept.items()
             if getattr(c, name) != value]
 
@@ -125,14 +126,14 @@ class Transformer(nn.Module):
                      activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first,
                      norm_eps=c.layer_norm_eps, attention=attention_class(c),
                      self_attention=self_attention_for(c.positions, c.relative_clip),
-                     ffn=c.ffn, skip=c.residual, scaled=c.scale_scores)
+                     ffn=c.ffn, skip=c.residual, scaled=c.scale_scores, norm=c.norm)
         self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
                                      for _ in range(c.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
                                      for _ in range(c.n_decoder_layers))
-        # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalised.
-        self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        # Pre-LN stacks end with a LayerNorm (or `norm`); post-LN outputs are already normalised.
+        self.encoder_norm = make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()
+        self.decoder_norm = make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.out_proj = None if c.tie_output else Linear(c.d_model, c.tgt_vocab_size, bias=False)
         # Marian's final_logits_bias: one bias on the logits whether the output is tied or not, so it is a
         # Parameter of its own (`out_bias` in the state dict), not the untied projection's bias
@@ -170,11 +171,21 @@ class Transformer(nn.Module):
         pad_mask = src.eq(PAD_ID)  # (B, S)
         mask = key_padding_to_attn_mask(pad_mask)  # (B, 1, 1, S)
         x = self.embed(self.src_embed, src)
+        keep = self._keep(src)
         weights = []
         for layer in self.encoder:
-            x, w = layer(x, mask=mask, need_weights=need_weights)
+            x, w = layer(x, mask=mask, need_weights=need_weights, keep=keep)
             weights.append(w)
-        return Encoded(self.encoder_norm(x), pad_mask, weights if need_weights else None)
+        return Encoded(self._final(self.encoder_norm, x, keep), pad_mask, weights if need_weights else None)
+
+    def _keep(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) True at real tokens, for a BatchNorm's statistics (`model.norm: batch`); None for LayerNorms."""
+        return ids.ne(PAD_ID) if self.config.norm == "batch" else None
+
+    @staticmethod
+    def _final(norm: nn.Module, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """A pre-LN stack's last norm (post-LN: none, nn.Identity)."""
+        return x if isinstance(norm, nn.Identity) else norm_function(norm, keep)(x)
 
     def decode(
         self, tgt_in: torch.Tensor, enc: Encoded, *, need_weights: bool = False
@@ -182,12 +193,13 @@ class Transformer(nn.Module):
         """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V) [, {"self", "cross"} per layer]."""
         mask = key_padding_to_attn_mask(enc.pad_mask)
         y = self.embed(self.tgt_embed, tgt_in)
+        keep = self._keep(tgt_in)
         weights: dict[str, list[torch.Tensor]] = {"self": [], "cross": []}
         for layer in self.decoder:
-            y, w = layer(y, enc.memory, memory_mask=mask, need_weights=need_weights)
+            y, w = layer(y, enc.memory, memory_mask=mask, need_weights=need_weights, keep=keep)
             weights["self"].append(w["self"])
             weights["cross"].append(w["cross"])
-        return self.project(self.decoder_norm(y)), (weights if need_weights else None)
+        return self.project(self._final(self.decoder_norm, y, keep)), (weights if need_weights else None)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""

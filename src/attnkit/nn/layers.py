@@ -2,9 +2,10 @@
 
 B batch, S source length, T target length, D model dim.
 
-The layers' parts can be switched off one at a time to see what each does (`TransformerConfig`'s `residual`,
-`ffn`, `scale_scores`, `shared_qk`): a block without its skip connection passes the sublayer's output alone on
-(still normalised), a layer without its FFN is its attention blocks alone.
+The layers' parts can be switched off or swapped one at a time to see what each does (`TransformerConfig`'s
+`residual`, `ffn`, `scale_scores`, `shared_qk`, `norm`): a block without its skip connection passes the sublayer's
+output alone on (still normalised), a layer without its FFN is its attention blocks alone, and `norm: batch`
+normalises over the batch's real tokens (`keep`, (B, T)) instead of over each token's features (attnkit.nn.norms).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from attnkit.nn.attention import KVCache, MultiHeadAttention
 from attnkit.nn.dropout import Dropout, drop
 from attnkit.nn.linear import Linear, linear
+from attnkit.nn.norms import NormFn, make_norm, norm_function
 
 
 class FeedForward(nn.Module):
@@ -40,12 +42,7 @@ class FeedForward(nn.Module):
         return linear(kept, self.w2.weight if scale == 1.0 else self.w2.weight * scale, self.w2.bias)
 
 
-def _layer_norm(x: torch.Tensor, norm: tuple) -> torch.Tensor:
-    """LayerNorm with norm = (normalized_shape, weight, bias, eps), without a module call."""
-    return torch.layer_norm(x, *norm)
-
-
-def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: tuple, norm_first: bool,
+def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: NormFn, norm_first: bool,
              p: float = 0.0, training: bool = False, skip: bool = True) -> torch.Tensor:
     """A residual block: x + Dropout(f(x)), LayerNorm after the sum (post-LN, the paper) or before f (pre-LN);
     `skip=False` drops the "x +", leaving Dropout(f(x)) alone: the block without its residual connection.
@@ -54,10 +51,10 @@ def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: 
     Dropout's 1 / (1 - p) is applied by the addition itself (alpha).
     """
     if norm_first:
-        kept, scale = drop(fn(_layer_norm(x, norm)), p, training)
+        kept, scale = drop(fn(norm(x)), p, training)
         return _sum(x, kept, scale, skip)
     kept, scale = drop(fn(x), p, training)
-    return _layer_norm(_sum(x, kept, scale, skip), norm)
+    return norm(_sum(x, kept, scale, skip))
 
 
 def _sum(x: torch.Tensor, kept: torch.Tensor, scale: float, skip: bool) -> torch.Tensor:
@@ -68,44 +65,43 @@ def _sum(x: torch.Tensor, kept: torch.Tensor, scale: float, skip: bool) -> torch
 
 
 class Residual(nn.Module):
-    """x + Dropout(f(x)) with LayerNorm after (post-LN, the paper) or before f (pre-LN), or without the x +
-    (`skip=False`): see `residual`."""
+    """x + Dropout(f(x)) with LayerNorm (or `norm`: NORMS) after (post-LN, the paper) or before f (pre-LN), or
+    without the x + (`skip=False`): see `residual`."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5, skip: bool = True):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5, skip: bool = True,
+                 norm: str = "layer"):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = make_norm(norm, d_model, eps)
         self.dropout = Dropout(dropout)
         self.norm_first, self.skip = norm_first, skip
 
-    def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return residual(x, fn, self.norm_args(), self.norm_first, self.dropout.p, self.training, self.skip)
-
-    def norm_args(self) -> tuple:
-        """(normalized_shape, weight, bias, eps) of the LayerNorm, as torch.layer_norm takes them."""
-        n = self.norm
-        return n.normalized_shape, n.weight, n.bias, n.eps
+    def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor],
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, D); `keep` (B, T): the real tokens, which a BatchNorm's statistics count."""
+        return residual(x, fn, norm_function(self.norm, keep), self.norm_first, self.dropout.p, self.training,
+                        self.skip)
 
 
 class EncoderLayer(nn.Module):
     """Self-attention, then the FFN, each in a residual block. `dropout` is the residual blocks' (on the sublayer's
     output), `attention` the attention's class (MultiHeadAttention, or a variant; `self_attention` where the
     self-attention's differs: relative positions), `norm_eps` the LayerNorms'; `ffn`, `skip` and `scaled` switch off
-    the FFN, the skip connections and the 1 / sqrt(Dh) scale."""
+    the FFN, the skip connections and the 1 / sqrt(Dh) scale, `norm` swaps the LayerNorms (NORMS)."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
                  activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
                  attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
                  self_attention: Callable[..., MultiHeadAttention] | None = None, ffn: bool = True, skip: bool = True,
-                 scaled: bool = True):
+                 scaled: bool = True, norm: str = "layer"):
         super().__init__()
         self.self_attn = (self_attention or attention)(d_model, n_heads, attention_dropout, scaled=scaled)
         self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout) if ffn else None
-        self.attn_block = Residual(d_model, dropout, norm_first, norm_eps, skip)
-        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip) if ffn else None
+        self.attn_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm)
+        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm) if ffn else None
 
-    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D), weights (B, H, S, S) or None."""
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None, need_weights: bool = False,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, S, D), mask (B, 1, 1, S), keep (B, S) the real tokens -> (B, S, D), weights (B, H, S, S) or None."""
         weights = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
@@ -113,13 +109,14 @@ class EncoderLayer(nn.Module):
             out, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
             return out
 
-        x = self.attn_block(x, attend)
-        return _apply(self.ffn_block, self.ffn, x), weights
+        x = self.attn_block(x, attend, keep)
+        return _apply(self.ffn_block, self.ffn, x, keep), weights
 
 
-def _apply(block: Residual | None, fn: Callable[[torch.Tensor], torch.Tensor] | None, x: torch.Tensor) -> torch.Tensor:
+def _apply(block: Residual | None, fn: Callable[[torch.Tensor], torch.Tensor] | None, x: torch.Tensor,
+           keep: torch.Tensor | None) -> torch.Tensor:
     """x through a residual block around fn, or x itself where the layer has no such block (`model.ffn: false`)."""
-    return x if block is None else block(x, fn)
+    return x if block is None else block(x, fn, keep)
 
 
 class StepWeights(NamedTuple):
@@ -127,8 +124,9 @@ class StepWeights(NamedTuple):
 
     A decoding step is short on arithmetic (one position per row), and reaching a submodule or weight
     through nn.Module attribute lookups costs about 0.8 us per level; the step takes the sublayers, the
-    output products' Parameters and the LayerNorm arguments from here (the sublayers' own methods do the
-    projections). With the module calls it replaced, greedy search got about 6% faster on the MT workload.
+    output products' Parameters and the norms (as functions: attnkit.nn.norms.norm_function) from here (the
+    sublayers' own methods do the projections). With the module calls it replaced, greedy search got about 6%
+    faster on the MT workload.
     Holding the Parameters themselves (not copies), this stays correct while the weights change in place;
     a search takes a fresh one.
     """
@@ -139,7 +137,7 @@ class StepWeights(NamedTuple):
     # (weight, bias) of the attentions' output products W^O, None for an attention without one
     self_out: tuple[torch.Tensor, torch.Tensor | None] | None
     cross_out: tuple[torch.Tensor, torch.Tensor | None] | None
-    norms: tuple[tuple, tuple, tuple | None]  # (normalized_shape, weight, bias, eps) of the three residual blocks
+    norms: tuple[NormFn, NormFn, NormFn | None]  # the three residual blocks' norms, as functions
     norm_first: bool
     skip: bool  # the blocks' residual connections (False: `model.residual: false`)
 
@@ -151,20 +149,21 @@ class DecoderLayer(nn.Module):
                  activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
                  attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
                  self_attention: Callable[..., MultiHeadAttention] | None = None, ffn: bool = True, skip: bool = True,
-                 scaled: bool = True):
+                 scaled: bool = True, norm: str = "layer"):
         super().__init__()
         self.self_attn = (self_attention or attention)(d_model, n_heads, attention_dropout, scaled=scaled)
         self.cross_attn = attention(d_model, n_heads, attention_dropout, scaled=scaled)
         self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout) if ffn else None
-        self.self_block = Residual(d_model, dropout, norm_first, norm_eps, skip)
-        self.cross_block = Residual(d_model, dropout, norm_first, norm_eps, skip)
-        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip) if ffn else None
+        self.self_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm)
+        self.cross_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm)
+        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm) if ffn else None
 
     def forward(
-        self, y: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None, need_weights: bool = False
+        self, y: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None, need_weights: bool = False,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-        """Teacher forcing: y (B, T, D) over memory (B, S, D) -> (B, T, D), {"self", "cross"} weights.
-        The self-attention is causal over T."""
+        """Teacher forcing: y (B, T, D) over memory (B, S, D) -> (B, T, D), {"self", "cross"} weights; keep (B, T):
+        the real target tokens. The self-attention is causal over T."""
         weights: dict[str, torch.Tensor | None] = {}
 
         def self_attend(h: torch.Tensor) -> torch.Tensor:
@@ -175,14 +174,15 @@ class DecoderLayer(nn.Module):
             out, weights["cross"] = self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
             return out
 
-        y = self.self_block(y, self_attend)
-        y = self.cross_block(y, cross_attend)
-        return _apply(self.ffn_block, self.ffn, y), weights
+        y = self.self_block(y, self_attend, keep)
+        y = self.cross_block(y, cross_attend, keep)
+        return _apply(self.ffn_block, self.ffn, y, keep), weights
 
     def step_weights(self) -> StepWeights:
         """The tensors and settings `step` reads (see StepWeights)."""
         sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
-        norms = tuple(None if b is None else b.norm_args() for b in (self.self_block, self.cross_block, self.ffn_block))
+        norms = tuple(None if b is None else norm_function(b.norm) for b in (self.self_block, self.cross_block,
+                                                                            self.ffn_block))
         return StepWeights(sa, ca, ffn, sa.output_weights(), ca.output_weights(), norms, self.self_block.norm_first,
                            self.self_block.skip)
 

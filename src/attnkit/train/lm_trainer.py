@@ -64,7 +64,7 @@ class LMTrainer(TrainerBase):
         self.build()
         self.train_model = self.dist.wrap(self.model)
         # batch_size streams in all: each rank reads its own rows, so a resume may change the world size
-        self.streams = LMStreams(self.corpus.splits["train"], t.batch_size, t.tgt_len, t.ext_len)
+        self.streams = LMStreams(self.corpus.arrays["train"], t.batch_size, t.tgt_len, t.ext_len)
         self.rows = self.dist.shard(t.batch_size)
         self.mems: list[torch.Tensor] | None = None
         self.start(resume)

@@ -45,16 +45,32 @@ def unshuffled(maps: torch.Tensor, order: list[int]) -> torch.Tensor:
     return maps[..., where, :][..., :, where]
 
 
+LABELS = {"none": "no positions", "sinusoidal": "sinusoids", "shaw": "relative positions (Shaw)"}
+
+
+def _position_weight(key: str) -> bool:
+    """A learned position table or Shaw et al.'s relative key and value tables (inside each attention)."""
+    return key.startswith("positions.") or key.rsplit(".", 1)[-1] in ("rel_keys", "rel_values")
+
+
 def with_positions(model: Transformer, positions: str) -> Transformer:
     """The same weights with other positional encoding: "none", or the paper's "sinusoidal" (a learned position
-    table is left out either way)."""
+    table and Shaw's relative tables are left out either way); the model itself for its own."""
+    if positions == model.config.positions:
+        return model
     with torch.random.fork_rng(devices=[]):  # the new model's throwaway initialisation leaves the host's generator
         other = Transformer(dataclasses.replace(model.config, positions=positions)).eval()
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("positions.")}
+    state = {k: v for k, v in model.state_dict().items() if not _position_weight(k)}
     missing, unexpected = other.load_state_dict(state, strict=False)
-    if unexpected or any(not k.startswith("positions.") for k in missing):
+    if unexpected or not all(map(_position_weight, missing)):
         raise AttnkitError(f"cannot rebuild the model with positions: {positions}: {[*missing, *unexpected]}")
     return other
+
+
+def compared(model: Transformer) -> tuple[str, str]:
+    """The two encodings the picture sets side by side: none, and the model's own relative positions (a Shaw model:
+    order shows through them) or else the paper's sinusoids."""
+    return ("none", "shaw") if model.config.positions == "shaw" else ("none", "sinusoidal")
 
 
 def random_model(vocab_size: int, seed: int) -> Transformer:
@@ -83,10 +99,11 @@ def sentence_ids(text: str, checkpoint: str | Path | None, seed: int) -> tuple[T
 
 def order_blindness(model: Transformer, ids: list[int], order: list[int]) -> dict[str, torch.Tensor]:
     """The encoder maps (L, H, S, S) of the sentence and of its shuffle `order` (put back in the sentence's order),
-    for the model's weights without positions ("none") and with sinusoids ("sinusoidal")."""
+    for the model's weights without positions ("none") and with sinusoids ("sinusoidal"), or a Shaw model's own
+    relative positions ("shaw")."""
     shuffled = [ids[i] for i in order]
     out = {}
-    for name in ("none", "sinusoidal"):
+    for name in compared(model):
         net = with_positions(model, name)
         out[f"{name}_sentence"] = encoder_maps(net, ids)
         out[f"{name}_shuffle"] = unshuffled(encoder_maps(net, shuffled), order)
@@ -118,17 +135,18 @@ def plot_order_blindness(path: str | Path | None, text: str, *, checkpoint: str 
     layer, head = (layer - 1 if layer > 0 else layer), head - 1  # indices
     order = shuffle_order(len(ids), seed)
     maps = order_blindness(model, ids, order)
-    data = {"tokens": tokens, "order": order, "layer": layer % n_layers + 1, "head": head + 1}
+    data = {"tokens": tokens, "order": order, "layer": layer % n_layers + 1, "head": head + 1,
+            "compared": compared(model)}
     pairs = {name: [maps[f"{name}_{which}"][layer, head].numpy() for which in ("sentence", "shuffle")]
-             for name in ("none", "sinusoidal")}
+             for name in compared(model)}
     top = max(float(m.max()) for pair in pairs.values() for m in pair)  # one colour scale for every map
     gaps = {name: np.abs(pair[0] - pair[1]) for name, pair in pairs.items()}
     top_gap = max(max(float(g.max()) for g in gaps.values()), 1e-12)
     fig, axes = subplots(2, 3, 0.32 * len(ids) + 1.6, 0.32 * len(ids) + 1.6)
     shuffled = " ".join(tokens[i] for i in order)
-    for row, name in enumerate(("none", "sinusoidal")):
+    for row, name in enumerate(compared(model)):
         data[f"{name}_maps"], data[f"{name}_max_difference"] = pairs[name], float(gaps[name].max())
-        positions = "no positions" if name == "none" else "sinusoids"
+        positions = LABELS[name]
         titles = (f"{positions}: the sentence", f"{positions}: its shuffle, put back\n({shuffled})",
                   f"{positions}: |difference|, largest {data[f'{name}_max_difference']:.1g}")
         for col, (grid, title, vmax) in enumerate(zip([*pairs[name], gaps[name]], titles, (top, top, top_gap))):

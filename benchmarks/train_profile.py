@@ -1,0 +1,180 @@
+"""Where a training step's time goes, by category, for each recipe on its real batches: docs/speed.md's profile.
+
+    python benchmarks/train_profile.py --out benchmarks/results/profile [--recipes demo multi30k ...] [--steps 20]
+
+Each recipe trains on its own corpus (prepared into --scratch when missing, from ../shared/data, as docs/results.md
+prepares it; the demo's from its generated number corpus) with its preset's batches, precision and optimizer:
+--warmup updates, then --steps updates under torch.profiler (CPU). Every operator's own time goes to the first
+category that its name, or the name of the nearest enclosing range, matches (CATEGORIES, in order); the loss's and
+the optimizer's ranges are named by the code (`label_smoothed_nll` is wrapped here, torch names `Optimizer.step`);
+backward operators sit under autograd's node of the forward operator (e.g. `MmBackward0`). "Python and the rest" is
+the wall time of the steps that no operator accounts for: the interpreter, the batches' assembly, the profiler's
+own cost. Writes OUT/train-profile.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from attnkit import config as cfgmod
+from attnkit.demo import PRESETS as DEMO_PRESETS
+from attnkit.train import trainer as seq2seq_trainer
+from attnkit.train.lm_trainer import LMTrainer
+from attnkit.train.trainer import Trainer
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# category: substrings of an operator's or range's name, checked from the operator outwards
+CATEGORIES = {
+    "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn", "mkldnn::",
+                        "MmBackward", "AddmmBackward", "BmmBackward"),
+    "attention (kernels, softmax over keys)": ("scaled_dot_product", "ScaledDotProduct", "aten::_softmax",
+                                               "SoftmaxBackward"),
+    "loss over the vocabulary": ("label_smoothed_nll", "SmoothedCrossEntropy", "log_softmax", "LogSoftmax",
+                                 "nll_loss", "NllLoss", "cross_entropy", "adaptive"),
+    "optimizer and clipping": ("Optimizer.step", "Optimizer.zero_grad", "_fused_adam", "_foreach_",
+                               "clip_grad", "aten::norm", "linalg_vector_norm"),
+    "recurrent cells (LSTM)": ("lstm", "LSTM", "mkldnn_rnn", "MkldnnRnn", "rnn_tanh", "gru"),
+    "embedding gradients": ("embedding_dense_backward", "EmbeddingBackward", "embedding_backward"),
+    "LayerNorm": ("layer_norm", "LayerNorm"),
+    "activations and dropout": ("threshold_backward", "clamp_min", "relu", "gelu", "silu", "random_", "bernoulli",
+                                "dropout"),
+    "masks": ("aten::eq", "aten::ne", "aten::lt", "aten::ge", "masked_fill", "aten::triu", "aten::tril",
+              "logical_not", "aten::where"),
+}
+RECIPES = {  # name: (trainer kind, preset, data folder under --scratch)
+    "demo": ("mt", DEMO_PRESETS["de"], "demo"),
+    "multi30k": ("mt", "multi30k", "multi30k"),
+    "tatoeba-zh-en": ("mt", "tatoeba-zh-en", "tatoeba-zh-en"),
+    "lm-word-wt2": ("lm", "lm-word-wt2", "wt2"),
+    "lm-char-small": ("lm", "lm-char-small", "shakespeare"),
+    "lm-char-small-xl": ("lm", "lm-char-small-xl", "shakespeare"),
+}
+PREPARE = {
+    "multi30k": ["prepare", "--src", "de", "--tgt", "en", "--train", f"{SHARED}/multi30k/train", "--valid",
+                 f"{SHARED}/multi30k/val", "--vocab-size", "8000"],
+    "tatoeba-zh-en": ["prepare", "--src", "zh", "--tgt", "en", "--train", f"{SHARED}/tatoeba-cmn-eng/train",
+                      "--valid", f"{SHARED}/tatoeba-cmn-eng/dev", "--vocab-size", "8000", "--normalization",
+                      "identity", "--character-coverage", "1.0"],
+    "wt2": ["lm", "prepare", "--train", f"{SHARED}/wikitext-2/wiki.train.tokens.gz", "--valid",
+            f"{SHARED}/wikitext-2/wiki.valid.tokens.gz", "--level", "word"],
+    "shakespeare": ["lm", "prepare", "--train", f"{SHARED}/tiny_shakespeare/input.txt.gz", "--valid-fraction", "0.1",
+                    "--level", "char"],
+}
+
+
+def prepared(name: str, scratch: Path) -> Path:
+    """The recipe's data folder, prepared once."""
+    out = scratch / name
+    if not out.is_dir():
+        if name == "demo":
+            from attnkit.data import prepare, write_number_corpus
+
+            files = write_number_corpus(scratch / "demo-corpus", n_train=24000, n_valid=1000, n_test=1000)
+            prepare(out, files["train"], files["valid"], vocab_size=400)
+        else:
+            subprocess.run([sys.executable, "-m", "attnkit", *PREPARE[name], "--out", str(out)], check=True)
+    return out
+
+
+def category(event) -> str:
+    """The first CATEGORIES entry the operator's name or an enclosing range's name matches."""
+    node = event
+    while node is not None:
+        for name, marks in CATEGORIES.items():
+            if any(mark in node.name for mark in marks):
+                return name
+        node = node.cpu_parent
+    return "other operators"
+
+
+def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int) -> dict:
+    kind, preset, data = RECIPES[recipe]
+    data_dir = prepared(data, scratch)
+    budget = [f"train.max_steps={warmup + steps + 1}", "train.max_minutes=0", "train.horizon=steps"]
+    if kind == "mt":
+        cfg = cfgmod.resolve([preset], [*budget, "train.eval_bleu=false", "train.best_metric=loss"])
+        trainer = Trainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
+    else:
+        cfg = cfgmod.resolve([preset], [*budget, "train.eval_max_tokens=1024", "train.eval_interval=100000"],
+                             cls=cfgmod.LMRunConfig)
+        trainer = LMTrainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
+    step, walls, tokens = trainer.train_step, [], []
+    plan = schedule(wait=warmup, warmup=1, active=steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=plan) as prof:
+        def timed_step(*args):
+            start = time.perf_counter()
+            stats = step(*args)
+            if len(walls) < warmup + 1 + steps:
+                walls.append(time.perf_counter() - start)
+                tokens.append(stats.get("tokens", 0))
+            prof.step()
+            return stats
+
+        trainer.train_step = timed_step
+        trainer.fit()
+    by_category: dict[str, float] = defaultdict(float)
+    others: dict[str, float] = defaultdict(float)  # what "other operators" holds, for the notes
+    for event in prof.events():
+        if not event.name.startswith("ProfilerStep"):  # a step's own time is the Python around its operators
+            name = category(event)
+            by_category[name] += event.self_cpu_time_total / 1e6  # seconds
+            if name == "other operators":
+                others[event.name] += event.self_cpu_time_total / 1e6
+    wall = sum(walls[warmup + 1 :])
+    by_category["Python and the rest"] = max(0.0, wall - sum(by_category.values()))
+    return {"recipe": recipe, "preset": preset, "dtype": cfg.train.dtype, "steps": steps,
+            "step_ms": 1e3 * wall / steps, "tokens_per_step": sum(tokens[warmup + 1 :]) / steps,
+            "shares": {k: v / wall for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
+            "other_operators": {k: v / wall for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:8]}}
+
+
+def _wrap_loss() -> None:
+    """The seq2seq loss as a named range (the LM models compute theirs inside the forward, named by their ops)."""
+    loss = seq2seq_trainer.label_smoothed_nll
+
+    def named(*args, **kwargs):
+        with record_function("label_smoothed_nll"):
+            return loss(*args, **kwargs)
+
+    seq2seq_trainer.label_smoothed_nll = named
+
+
+def table(rows: list[dict]) -> str:
+    names = [*CATEGORIES, "other operators", "Python and the rest"]
+    out = ["| recipe | precision | step (ms) | tokens a step | " + " | ".join(names) + " |",
+           "|---|---|---:|---:|" + "---:|" * len(names)]
+    for r in rows:
+        shares = " | ".join(f"{100 * r['shares'].get(n, 0.0):.1f}%" for n in names)
+        out.append(f"| `{r['preset']}` | {r['dtype']} | {r['step_ms']:,.0f} | {r['tokens_per_step']:,.0f} | {shares} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--scratch", type=Path, default=Path("runs/profile"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    _wrap_loss()
+    rows = [profile_recipe(r, args.scratch, args.warmup, args.steps) for r in args.recipes]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train-profile.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    text = f"`python benchmarks/train_profile.py {' '.join(sys.argv[1:])}`\n\n" + table(rows)
+    (args.out / "train-profile.md").write_text(text, encoding="utf-8")
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
