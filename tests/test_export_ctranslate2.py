@@ -30,6 +30,8 @@ from attnkit.models import Transformer  # noqa: E402
 from attnkit.train.trainer import Trainer  # noqa: E402
 from conftest import tiny_model_config  # noqa: E402
 
+NBEST_TIE = 1e-3  # how far apart two engines' later n-best entries may end after a near-tie (assert_same)
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus_files):
@@ -54,15 +56,18 @@ def engines(trained, tmp_path_factory):
 
 
 def assert_same(ours, theirs, tol: float = 1e-3) -> None:
-    """Token for token and scores to `tol`; where the hypotheses differ, it must be a near-tie (their normalised
-    scores within 1e-4 of each other), and at most one per call."""
+    """Token for token and scores to `tol`; where the hypotheses differ, it must be a near-tie, and at most one per
+    call: the best ones' normalised scores within 1e-4 of each other, a later n-best entry's within NBEST_TIE (a tie
+    a few steps earlier lets the two searches keep different partial hypotheses in the beam, whose final scores
+    then differ by more than the rounding that decided it)."""
     ties = 0
     for a, c in zip(ours, theirs, strict=True):
         assert len(a.nbest) == len(c.nbest)
-        for x, y in zip([a, *a.nbest], [c, *c.nbest]):
+        for rank, (x, y) in enumerate(zip([a, *a.nbest], [c, *c.nbest])):
             if x.tgt_pieces != y.tgt_pieces:
                 ties += 1
-                assert abs(x.norm_score - y.norm_score) < 1e-4, (x.text, y.text, x.norm_score, y.norm_score)
+                near = 1e-4 if rank == 0 else NBEST_TIE
+                assert abs(x.norm_score - y.norm_score) < near, (x.text, y.text, x.norm_score, y.norm_score)
                 continue
             assert x.text == y.text and x.src_pieces == y.src_pieces
             assert x.score == pytest.approx(y.score, abs=tol) and x.norm_score == pytest.approx(y.norm_score, abs=tol)
@@ -187,11 +192,16 @@ def test_cli_export_then_translate_with_either_engine(trained, tmp_path, capsys)
     assert outputs["attnkit", "text"] == outputs["ctranslate2", "text"] and outputs["attnkit", "text"].count("\n") == 8
     ours, theirs = (outputs[e, "tsv"].splitlines() for e in ("attnkit", "ctranslate2"))
     assert ours[0] == theirs[0] and len(ours) == len(theirs) == 17
+    ties = 0
     for a, c in zip(ours[1:], theirs[1:]):
         a, c = a.split("\t"), c.split("\t")
+        if a[1] == "2" and a[4:] != c[4:] and abs(float(a[3]) - float(c[3])) < NBEST_TIE:  # as assert_same's
+            ties += 1
+            continue
         assert a[:2] + a[4:] == c[:2] + c[4:]  # line, rank, translation, pieces, alignment
         assert float(a[2]) == pytest.approx(float(c[2]), abs=2e-3) and float(a[3]) == pytest.approx(float(c[3]),
                                                                                                    abs=2e-3)
+    assert ties <= 1
 
 
 def test_int8_export_from_the_cli_replaces_only_with_force(trained, tmp_path, capsys):
