@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attnkit.checkpoint import load_lm_checkpoint
-from attnkit.data.lm import load_lm_corpus
+from attnkit.data.lm import LMCorpus, load_lm_corpus
 from attnkit.errors import AttnkitError
 from attnkit.eval.lm import evaluate_windows
 from attnkit.eval.recl import recl, relative_gains, uniform_contexts
@@ -76,11 +76,10 @@ def contexts_of(kind: str, tgt_len: int, grid: Sequence[int]) -> list[int]:
     return out or list(grid[:1])
 
 
-def load_member(path: Path, data_dir: Path, device: str) -> tuple[torch.nn.Module, object]:
-    """(model on the device, its run config) of a member's checkpoint, refused when its vocabulary is not the
-    corpus's."""
+def load_member(path: Path, corpus: LMCorpus, data_dir: Path, device: str) -> tuple[torch.nn.Module, object]:
+    """(model on the device, its run config) of a member's checkpoint, refused when its vocabulary is not that of
+    `corpus` (prepared in `data_dir`)."""
     model, _, cfg = load_lm_checkpoint(path, resolve_device(device))
-    corpus = load_lm_corpus(data_dir)
     if corpus.vocab.vocab_size != cfg.model.vocab_size:
         raise AttnkitError(f"recl: {path} has a vocabulary of {cfg.model.vocab_size:,}, {data_dir} one of "
                            f"{corpus.vocab.vocab_size:,}: prepare the text with `attnkit lm prepare --vocab-from "
@@ -89,13 +88,13 @@ def load_member(path: Path, data_dir: Path, device: str) -> tuple[torch.nn.Modul
 
 
 def window_losses(path: Path, model: torch.nn.Module, cfg, run_dir: Path, data_dir: Path, split: str,
-                  positions: np.ndarray, grid: Sequence[int], *, clamp_len: int, batch_size: int,
+                  ids: torch.Tensor, positions: np.ndarray, grid: Sequence[int], *, clamp_len: int, batch_size: int,
                   say: Callable[[str], None]) -> dict[int, np.ndarray]:
     """Per-token losses (K,) of `model` (loaded from the checkpoint `path`, with its config `cfg`) at each of its
-    contexts, read from `run_dir`/eval/ when this checkpoint scored these tokens before."""
+    contexts over `ids` (N,), the `split` of `data_dir`, read from `run_dir`/eval/ when this checkpoint scored these
+    tokens before."""
     key = evaluation_key(path, data_dir)
     dev = next(model.parameters()).device
-    ids = load_lm_corpus(data_dir).splits[split]
     segment = cfg.train.tgt_len if model.kind == "recurrent-vanilla-lm" else None
     first, last = int(positions[0]), int(positions[-1])
     out = {}
@@ -137,14 +136,15 @@ def recl_groups(groups: Mapping[str, Sequence[str]], data_dir: Path, out_dir: Pa
     names = [m.name for m in models.values()]
     if len(set(names)) != len(names):
         raise AttnkitError(f"recl: model names repeat ({', '.join(names)}); label each checkpoint apart")
-    splits = load_lm_corpus(data_dir).splits
-    split = "test" if "test" in splits else "valid"
-    positions = target_positions(splits[split].numel(), grid[-1], tokens)
+    corpus = load_lm_corpus(data_dir)
+    split = "test" if "test" in corpus.arrays else "valid"
+    ids = corpus.splits[split]
+    positions = target_positions(ids.numel(), grid[-1], tokens)
     losses, described = {}, {}
-    for m, member in models.items():  # each checkpoint loaded once
-        model, cfg = load_member(member.path, data_dir, device)
-        losses[m] = window_losses(member.path, model, cfg, out_dir / member.name, data_dir, split, positions, grid,
-                                  clamp_len=clamp_len, batch_size=batch_size, say=say)
+    for m, member in models.items():  # each checkpoint and the split read once
+        model, cfg = load_member(member.path, corpus, data_dir, device)
+        losses[m] = window_losses(member.path, model, cfg, out_dir / member.name, data_dir, split, ids, positions,
+                                  grid, clamp_len=clamp_len, batch_size=batch_size, say=say)
         described[member.name] = _describe(member, model, cfg, grid)
     results = {}
     for group, group_members in groups.items():
