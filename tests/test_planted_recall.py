@@ -190,7 +190,7 @@ def shakespeare_like(n_lines: int = 1500) -> str:
                    for _ in range(n_lines))
 
 
-def test_planted_recall_trains_equal_updates_and_scores_recall_by_distance(tmp_path):
+def test_planted_recall_trains_equal_updates_and_scores_recall_by_distance(tmp_path, capsys):
     corpora = tmp_path / "corpora"
     (corpora / "tiny_shakespeare").mkdir(parents=True)
     with gzip.open(corpora / "tiny_shakespeare" / "input.txt.gz", "wt", encoding="utf-8") as f:
@@ -210,6 +210,9 @@ def test_planted_recall_trains_equal_updates_and_scores_recall_by_distance(tmp_p
             "--train.log_every=1", "--train.warmup=1"]
     assert main(argv) == 0
     summary = json.loads((out / "planted_recall.json").read_text())
+    assert summary["split"] == "valid"  # Tiny Shakespeare has no test split
+    assert main([*argv, "--split", "test"]) != 0  # the models above are reused: nothing trains again
+    assert "has no test split" in capsys.readouterr().err
     letters = len(set(shakespeare_like()) & set(string.ascii_lowercase))
     assert summary["marker_token"] == "<unk>" and summary["key_pool"] == letters  # never in the text; its letters
     assert summary["chance_loss"] == pytest.approx(math.log(letters))

@@ -4,6 +4,7 @@ runs."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 from attnkit.cli.options import add_trust_option
@@ -20,10 +21,10 @@ def add_parsers(sub) -> dict[str, Callable]:
                     help="the format SOURCE is in: marian, a Hugging Face MarianMTModel folder (config.json, "
                          "model.safetensors, source.spm, target.spm, vocab.json), such as the Helsinki-NLP opus-mt "
                          "models; fairseq, a checkpoint of fairseq's transformer (checkpoint_best.pt, model.pt) with "
-                         "its dict.SRC.txt / dict.TGT.txt and sentencepiece model; transformer-xl, a language model "
-                         "of the Transformer-XL reference code, NVIDIA's or Hugging Face's TransfoXLLMHeadModel "
-                         "(transfo-xl-wt103): a folder (config.json, model.safetensors or pytorch_model.bin, vocab.pkl "
-                         "or vocab.txt) or a state dict file")
+                         "its dict.SRC.txt / dict.TGT.txt and sentencepiece model or BPE codes; transformer-xl, a "
+                         "language model of the Transformer-XL reference code, NVIDIA's or Hugging Face's "
+                         "TransfoXLLMHeadModel (transfo-xl-wt103): a folder (config.json, model.safetensors or "
+                         "pytorch_model.bin, vocab.pkl or vocab.txt) or a state dict file")
     im.add_argument("source", metavar="SOURCE",
                     help="the model's folder (or a file in it); a hub name such as Helsinki-NLP/opus-mt-zh-en is "
                          "read from the Hugging Face cache where huggingface_hub is installed (nothing is downloaded)")
@@ -37,6 +38,12 @@ def add_parsers(sub) -> dict[str, Callable]:
                                     "fairseq-preprocess wrote), where they are not beside the checkpoint")
     im.add_argument("--spm", help="fairseq: the sentencepiece model the text was split with, where it is not beside "
                                   "the checkpoint (sentencepiece.bpe.model, spm.model) nor named by its cfg.bpe")
+    im.add_argument("--bpe-codes", help="fairseq: subword-nmt's BPE codes the text was split with, where they are not "
+                                        "beside the checkpoint (bpecodes, code) nor named by its cfg.bpe")
+    im.add_argument("--moses", action=argparse.BooleanOptionalAction, default=None,
+                    help="fairseq with BPE codes: the text was Moses-tokenized first (sacremoses; default: as the "
+                         "checkpoint's cfg.tokenizer says, and yes where it names none, as fairseq's hub reads its "
+                         "released models); --no-moses: split at spaces only")
     im.add_argument("--force", action="store_true", help="replace an existing checkpoint")
     add_trust_option(im)
     return {"import": cmd_import}
@@ -54,6 +61,8 @@ the weights, positions and vocabulary map.
   attnkit translate --checkpoint en-mul.safetensors --target-tag cmn_Hans --input news.en   # multilingual
   attnkit import --from fairseq checkpoints/checkpoint_best.pt --vocab data-bin --spm spm.model \
       --out fairseq.safetensors --trust-checkpoint --src-lang zh --tgt-lang en
+  attnkit import --from fairseq wmt16.en-de.joined-dict.transformer --out en-de.safetensors \
+      --trust-checkpoint --src-lang en --tgt-lang de       # model.pt, dict.en.txt, dict.de.txt, bpecodes
   attnkit import --from transformer-xl transfo-xl-wt103 --out wt103.safetensors --trust-checkpoint
   attnkit lm generate --checkpoint wt103.safetensors --prompt "The castle"
 
@@ -78,18 +87,18 @@ def cmd_import(args, overrides: list[str]) -> None:
               f"of {t.tgt_len}, memory {t.mem_len}{f', clamp_len {t.clamp_len}' if t.clamp_len else ''}"
               f"{', same_length' if c.same_length else ''}); try: attnkit lm generate --checkpoint {args.out}")
         return
-    from attnkit.data.tokenizer import SubwordTokenizer
+    from attnkit.data.tokenizer_kinds import tokenizer_from_bytes
     from attnkit.decode.translator import target_tags
     from attnkit.formats import import_fairseq, import_marian  # imports torch
 
     if args.source_format == "fairseq":
-        ckpt = import_fairseq(args.source, vocab=args.vocab, spm=args.spm, src_lang=args.src_lang,
-                              tgt_lang=args.tgt_lang)
+        ckpt = import_fairseq(args.source, vocab=args.vocab, spm=args.spm, bpe_codes=args.bpe_codes,
+                              moses=args.moses, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
     else:
         ckpt = import_marian(args.source, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
     save_checkpoint(args.out, ckpt)
     c = ckpt.config.model
-    tags = sorted(target_tags(SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])))
+    tags = sorted(target_tags(tokenizer_from_bytes(ckpt.tokenizers["src"])))
     shown = f"; target tags ({len(tags)}): {', '.join(tags[:6])}{', ...' if len(tags) > 6 else ''}" if tags else ""
     print(f"wrote {args.out} (a Transformer of {c.n_encoder_layers}+{c.n_decoder_layers} layers, d_model "
           f"{c.d_model}, {c.activation}, vocabulary {c.src_vocab_size}{shown}); translate with: attnkit translate "

@@ -214,6 +214,8 @@ def _add_planted_recall(ex) -> None:
     a.add_argument("--key-len", type=int, default=0, help="key tokens (default: 6 characters or 3 words)")
     a.add_argument("--eval-batch-size", type=int, default=8, help="rows (streams) of the evaluation text")
     a.add_argument("--seed", type=int, default=1, help="the planting's seed")
+    a.add_argument("--split", choices=["valid", "test"],
+                   help="the split scored (default: test, valid where there is none; valid to choose the planting)")
     _add_rerun_options(a)
 
 
@@ -345,6 +347,7 @@ def cmd_planted_recall(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.key_len:
         planting = pr.Planting(key_len=args.key_len, **changes)
     pr.planted_recall(args.models or pr.default_models(level), data, Path(args.out), args.updates, planting=planting,
-                      overrides=overrides, device=args.device, force=args.force, progress=not args.quiet)
+                      overrides=overrides, device=args.device, split=args.split, force=args.force,
+                      progress=not args.quiet)
     print((Path(args.out) / "planted_recall.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {args.out}/planted_recall.md, planted_recall.csv, planted_recall.json, planted_recall.png")

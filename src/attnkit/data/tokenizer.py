@@ -9,8 +9,9 @@ from __future__ import annotations
 import io
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import sentencepiece as spm
 
@@ -19,6 +20,7 @@ from attnkit.data.text import check_unicode
 from attnkit.errors import ConfigError, DataError
 from attnkit.io import atomic_write_bytes
 
+T = TypeVar("T")
 MIN_VOCAB_SIZE = 8  # the 4 specials plus a few pieces; anything smaller cannot encode text at all
 # sentencepiece's normalization_rule_name values (0.2.x): what the tokenizer does to the text before splitting it,
 # stored in the model itself, so that encoding at translation time normalises as training did.
@@ -153,13 +155,7 @@ class SubwordTokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SubwordTokenizer:
-        path = Path(path)
-        if not path.is_file():
-            raise DataError(f"no such file: {path}")
-        try:
-            return cls.from_bytes(path.read_bytes())
-        except DataError as e:
-            raise DataError(f"{path}: {e}") from None
+        return read_with(path, cls.from_bytes)
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write_bytes(path, self.to_bytes())
@@ -188,14 +184,25 @@ class SubwordTokenizer:
 
     def decode(self, ids_batch: list[list[int]]) -> list[str]:
         """Text of model outputs: everything from the first EOS on is ignored, PAD/BOS dropped."""
-        return self._sp.decode([_content_ids(ids) for ids in ids_batch])
+        return self._sp.decode([content_ids(ids) for ids in ids_batch])
 
     def pieces(self, ids: list[int]) -> list[str]:
         """Subword strings for plot labels, specials included so axes line up with the tensors."""
         return [self._sp.id_to_piece(int(i)) for i in ids]
 
 
-def _content_ids(ids: Iterable[int]) -> list[int]:
+def read_with(path: str | os.PathLike, from_bytes: Callable[[bytes], T]) -> T:
+    """from_bytes of a file's bytes, a DataError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    try:
+        return from_bytes(path.read_bytes())
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from None
+
+
+def content_ids(ids: Iterable[int]) -> list[int]:
     """Ids up to (not including) the first EOS, without PAD and BOS."""
     out = []
     for i in ids:

@@ -15,7 +15,7 @@ from attnkit.checkpoint import check_same_tokenizers, load_checkpoint, model_fro
 from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
 from attnkit.data.text import check_unicode
-from attnkit.data.tokenizer import SubwordTokenizer
+from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.decode.beam import beam_search
 from attnkit.decode.ensemble import Ensemble
 from attnkit.decode.greedy import greedy_search, sample
@@ -95,7 +95,7 @@ class Translator:
     source, and a source that starts with a tag the vocabulary holds keeps its own (MarianTokenizer's rule).
     """
 
-    def __init__(self, model, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
+    def __init__(self, model, src_tok: Tokenizer, tgt_tok: Tokenizer, *,
                  device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10,
                  quantize: str | None = None, target_tag: str | None = None):
         self.device = resolve_device(device) if isinstance(device, str) else device
@@ -164,8 +164,8 @@ class Translator:
         first = ckpts[0]
         check_same_tokenizers(paths, ckpts, "an ensemble's checkpoints must come from the same prepared data")
         models = [model_from(ckpt, path) for path, ckpt in zip(paths, ckpts)]
-        src_tok = SubwordTokenizer.from_bytes(first.tokenizers["src"])
-        tgt_tok = SubwordTokenizer.from_bytes(first.tokenizers["tgt"]) if "tgt" in first.tokenizers else src_tok
+        src_tok = tokenizer_from_bytes(first.tokenizers["src"])
+        tgt_tok = tokenizer_from_bytes(first.tokenizers["tgt"]) if "tgt" in first.tokenizers else src_tok
         t = first.config.train
         return cls(models[0] if len(models) == 1 else Ensemble(models), src_tok, tgt_tok, device=device,
                    max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize, target_tag=target_tag)
@@ -334,7 +334,7 @@ def _is_tag(piece: str) -> bool:
     return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
 
 
-def target_tags(tok: SubwordTokenizer) -> dict[str, int]:
+def target_tags(tok: Tokenizer) -> dict[str, int]:
     """{tag name: id} of the target-language tags among a vocabulary's pieces ({} for most models)."""
     return {piece[2:-2]: i for i, piece in enumerate(tok.pieces(list(range(tok.vocab_size)))) if _is_tag(piece)}
 

@@ -18,7 +18,8 @@ apart from the models of `xl-table6` and `recl`, which share OUT/data and OUT/<m
   log 1000 = 6.91 nats a key token, perfect recall 0;
 - training text: D drawn uniformly from 24 .. 768 for every pair (`--train-distances`; `--train-spacing log`:
   log-uniformly, more short pairs), after gaps of 16 .. 64 tokens of text (`--gap`);
-- evaluation text (test; valid without one): D = 24, 48, 96, 192, 384, 768 in turn, in B rows read as B streams.
+- evaluation text (test; valid without one, or with `--split valid` to choose the training text's settings):
+  D = 24, 48, 96, 192, 384, 768 in turn, in B rows read as B streams.
 
 OUT/planted_recall.{md,csv,json}: per model and D the recalled key tokens' loss (nats), accuracy (ranked first)
 and whole keys recalled; OUT/planted_recall.png: loss and accuracy against D, chance drawn.
@@ -159,8 +160,10 @@ def read_recall(run_dir: Path, planted: Planted, device: str) -> tuple[torch.Ten
 
 def planted_recall(presets: Sequence[str], data_dir: Path, out_dir: Path, updates: int, *,
                    planting: Planting | None = None, overrides: Sequence[str] = (), device: str = "auto",
-                   force: bool = False, progress: bool = True, say: Callable[[str], None] = print) -> dict:
-    """Plant keys into the corpus of `data_dir`, train every preset on it for `updates` updates, score recall by D."""
+                   split: str | None = None, force: bool = False, progress: bool = True,
+                   say: Callable[[str], None] = print) -> dict:
+    """Plant keys into the corpus of `data_dir`, train every preset on it for `updates` updates, score recall by D
+    on `split` (default: test, or valid where there is none; valid to choose the planting's settings)."""
     corpus = load_lm_corpus(data_dir)
     level = corpus.vocab.level
     p = planting or default_planting(level)
@@ -179,7 +182,9 @@ def planted_recall(presets: Sequence[str], data_dir: Path, out_dir: Path, update
         f"{record['key_pool']} tokens) in {target}")
     trained = train_equal_updates(presets, target, out_dir / PLANTED, updates, overrides=overrides, force=force,
                                   progress=progress, say=say)
-    split = "test" if "test" in planted else "valid"
+    split = split or ("test" if "test" in planted else "valid")
+    if split not in planted:
+        raise AttnkitError(f"planted-recall: {data_dir} has no {split} split (it has {', '.join(planted)})")
     results = []
     for t in trained:
         scores, how, model = read_recall(out_dir / PLANTED / t.name, planted[split], device)

@@ -39,7 +39,7 @@ import torch
 
 from attnkit.config import BOS_ID, EOS_ID, PAD_ID
 from attnkit.data.batching import collate
-from attnkit.data.tokenizer import SubwordTokenizer
+from attnkit.data.tokenizer_kinds import Tokenizer, load_tokenizer
 from attnkit.decode.search import Hypothesis, length_penalty, max_lengths
 from attnkit.decode.translator import DecodeOptions, Translation, Translator, pad_nbest
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
@@ -106,7 +106,7 @@ class CT2Translator:
     translate_texts = Translator.translate_texts
     _one_translation = Translator._translation
 
-    def __init__(self, translator, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *, max_positions: int,
+    def __init__(self, translator, src_tok: Tokenizer, tgt_tok: Tokenizer, *, max_positions: int,
                  decoder_layers: int, max_len_a: float = 1.2, max_len_b: int = 10):
         self.translator = translator  # a ctranslate2.Translator
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
@@ -135,7 +135,7 @@ class CT2Translator:
             raise CheckpointError(f"CTranslate2 cannot load {path}: {e}") from None
         finally:  # loading sets OpenMP's thread count of this thread, which is torch's: the caller's stays
             torch.set_num_threads(torch_threads)
-        toks = {side: SubwordTokenizer.load(path / file) for side, file in meta["tokenizers"].items()}
+        toks = {side: load_tokenizer(path / file) for side, file in meta["tokenizers"].items()}
         return cls(translator, toks["src"], toks["tgt"], max_positions=meta["max_positions"],
                    decoder_layers=meta["decoder_layers"], **meta["decode"])
 

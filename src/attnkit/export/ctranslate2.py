@@ -32,7 +32,8 @@ from torch import nn
 from attnkit import __version__
 from attnkit.checkpoint import load_checkpoint, model_from
 from attnkit.config import BOS_ID, EOS_ID, UNK_ID
-from attnkit.data.tokenizer import SubwordTokenizer
+from attnkit.data.moses_bpe import MAGIC as MOSES_BPE
+from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError
 from attnkit.export.ct2_translator import FORMAT, META_FILE, VERSION, CT2Translator, check_export, require_ctranslate2
 from attnkit.io import atomic_folder, ensure_new_output
@@ -191,7 +192,7 @@ def save_ctranslate2(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     return out
 
 
-def _vocabulary(tok: SubwordTokenizer, size: int) -> list[str]:
+def _vocabulary(tok: Tokenizer, size: int) -> list[str]:
     """The piece of every id; rows of an embedding larger than the tokenizer get placeholder names."""
     if size < tok.vocab_size:
         raise CheckpointError(f"the model has {size} embedding rows for a tokenizer of {tok.vocab_size} pieces")
@@ -211,10 +212,10 @@ def export_checkpoint(checkpoint_path: str | os.PathLike, out_dir: str | os.Path
         raise CheckpointError(f"{checkpoint_path} holds no tokenizer, and an export needs it")
     model = model_from(ckpt, checkpoint_path).eval()
     joint = "tgt" not in ckpt.tokenizers
-    names = {"src": "tokenizer.model", "tgt": "tokenizer.model"} if joint else \
-        {"src": "source.model", "tgt": "target.model"}
-    blobs = {side: ckpt.tokenizers["src" if joint else side] for side in names}
-    toks = {side: SubwordTokenizer.from_bytes(blob) for side, blob in blobs.items()}
+    blobs = {side: ckpt.tokenizers["src" if joint else side] for side in ("src", "tgt")}
+    suffix = ".moses-bpe" if blobs["src"].startswith(MOSES_BPE) else ".model"  # else a sentencepiece model
+    names = {side: ("tokenizer" if joint else {"src": "source", "tgt": "target"}[side]) + suffix for side in blobs}
+    toks = {side: tokenizer_from_bytes(blob) for side, blob in blobs.items()}
     c, t = ckpt.config.model, ckpt.config.train
     meta = {"format": FORMAT, "version": VERSION, "attnkit": __version__, "checkpoint": str(checkpoint_path),
             "kind": ckpt.kind, "quantization": quantization or "float32", "tokenizers": names,

@@ -1,6 +1,7 @@
 """fairseq's Transformer translation models imported as attnkit checkpoints: a checkpoint of `fairseq-train --arch
 transformer*` (checkpoint_best.pt, or a released model.pt), its dictionaries (dict.SRC.txt, dict.TGT.txt) and the
-sentencepiece model its text was split with. docs/import.md has the mapping table.
+pipeline its text was split with: a sentencepiece model, or Moses + subword-nmt BPE codes
+(attnkit.formats.fairseq_text). docs/import.md has the mapping table.
 
 V vocabulary, D model dim, P positions.
 
@@ -19,6 +20,7 @@ scaled by sqrt(D); queries scaled by 1/sqrt(head dim)); four things are laid out
   from, NEVER added to its logit), EOS, UNK, then fairseq's other ids in order (<s> among them: it takes
   probability in fairseq's softmax, so it does here), then one row per piece the sentencepiece model produces that
   the dictionary lacks (a copy of <unk>, as fairseq reads it; NEVER). So a score is fairseq's log-probability.
+  With BPE codes every piece the dictionary lacks is UNK itself (the codes make any piece; no table lists them).
 - Settings: heads, activation, embedding scale and dropouts come from the checkpoint's settings (`args`, or
   `cfg.model`), sizes from the tensors' shapes; what attnkit's Transformer cannot express (a LayerNorm on the
   embeddings, different encoder and decoder widths or position tables, adaptive softmax, cross-self-attention,
@@ -40,16 +42,15 @@ import torch
 
 from attnkit.checkpoint import Checkpoint, require_trust
 from attnkit.config import RunConfig, TrainConfig, TransformerConfig
-from attnkit.data.tokenizer import SubwordTokenizer
+from attnkit.data.tokenizer_kinds import tokenizer_from_bytes
 from attnkit.errors import AttnkitError, CheckpointError, DataError
+from attnkit.formats.fairseq_text import SPECIALS, dictionaries, read_dictionary, text_pipeline
 from attnkit.formats.folder import Weights
 from attnkit.formats.inert_pickle import state_of, torch_load
 from attnkit.formats.layer_names import layer_table, model_shapes
-from attnkit.formats.marian_vocab import NEVER, Side, Vocab, read_spm, side_tokenizer
+from attnkit.formats.marian_vocab import NEVER, Side
 
 CHECKPOINTS = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # what a folder's checkpoint is called
-SPMS = ("sentencepiece.bpe.model", "spm.model", "sentencepiece.model")  # a folder's sentencepiece model
-SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary: bos 0, pad 1, eos 2, unk 3
 PAD = 1  # fairseq's padding_idx, from which its positions count
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # fairseq's gelu is F.gelu (erf)
 LAYER_NORM_EPS = 1e-5  # fairseq's LayerNorm is torch's, of the default epsilon
@@ -102,51 +103,6 @@ def arg(s: dict, name: str, tp: type, default: Any, path: Path) -> Any:
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise CheckpointError(f"{path}: the model's setting '{name}' is {value!r}, not a {tp.__name__}")
     return value
-
-
-def read_dictionary(path: Path) -> Vocab:
-    """A fairseq dict.txt as {symbol: id}: the four specials, then one `SYMBOL COUNT` per line (`#fairseq:overwrite`
-    after the count lets a line name a symbol again), as fairseq's Dictionary.add_from_file reads it."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file (the model's dictionary)")
-    pieces = {s: i for i, s in enumerate(SPECIALS)}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        word, _, count = line.rstrip().rpartition(" ")
-        overwrite = count == "#fairseq:overwrite"
-        if overwrite:
-            word, _, count = word.rpartition(" ")
-        if not word or not count.lstrip("-").isdigit():
-            raise CheckpointError(f"{path}:{n}: not 'SYMBOL COUNT': {line[:60]!r}")
-        if word in pieces and not overwrite:
-            raise CheckpointError(f"{path}:{n}: {word!r} is named twice (fairseq refuses it too)")
-        pieces.setdefault(word, len(pieces))
-    return Vocab(pieces, path)
-
-
-def _dictionaries(folders: list[Path], langs: tuple[str, str], path: Path) -> tuple[Vocab, Vocab]:
-    names = [f"dict.{lang}.txt" for lang in langs]
-    for folder in folders:
-        if all((folder / n).is_file() for n in names):
-            return read_dictionary(folder / names[0]), read_dictionary(folder / names[1])
-    where = ", ".join(str(f) for f in folders)
-    raise CheckpointError(f"{path}: no {names[0]} and {names[1]} beside it or in {where} (fairseq's dictionaries: "
-                          "pass the data-bin folder that holds them with --vocab)")
-
-
-def _spm_path(spm: Path | None, folder: Path, bpe: dict, path: Path) -> Path:
-    """The sentencepiece model: given, beside the checkpoint, or where the checkpoint's cfg.bpe names one."""
-    name = bpe.get("_name") or bpe.get("bpe")
-    if name not in (None, "sentencepiece"):
-        raise CheckpointError(f"{path}: its text is split with {name!r} (cfg.bpe); attnkit reads sentencepiece "
-                              "models only")
-    if spm is not None:
-        return spm
-    named = bpe.get("sentencepiece_model")
-    candidates = [folder / n for n in SPMS] + ([Path(named), folder / Path(named).name] if named else [])
-    found = next((c for c in candidates if c.is_file()), None)
-    if found is None:
-        raise CheckpointError(f"{path}: no sentencepiece model beside it ({', '.join(SPMS)}); pass it with --spm")
-    return found
 
 
 def fairseq_sinusoid(rows: int, d_model: int) -> torch.Tensor:
@@ -264,13 +220,16 @@ def _state(w: Weights, config: TransformerConfig, sides: dict[str, Side], rows: 
 
 
 def import_fairseq(source: str | os.PathLike, *, vocab: str | os.PathLike | None = None,
-                   spm: str | os.PathLike | None = None, src_lang: str | None = None,
+                   spm: str | os.PathLike | None = None, bpe_codes: str | os.PathLike | None = None,
+                   moses: bool | None = None, src_lang: str | None = None,
                    tgt_lang: str | None = None) -> Checkpoint:
     """An attnkit checkpoint (kind transformer, tokenizers inside) of a fairseq Transformer checkpoint (a file, or a
     folder holding model.pt / checkpoint_best.pt), read only when trusted. The dictionaries dict.SRC.txt and
     dict.TGT.txt come from `vocab` (a folder: the data-bin fairseq-preprocess wrote), the checkpoint's folder or the
-    training's data folder (cfg.task.data); the sentencepiece model from `spm`, the checkpoint's folder or cfg.bpe.
-    The languages are recorded as given, else as the checkpoint's task names them (unless those are src / tgt)."""
+    training's data folder (cfg.task.data); the text pipeline (attnkit.formats.fairseq_text) from `spm` (a
+    sentencepiece model) or `bpe_codes` (subword-nmt's, after Moses unless `moses` is False), else as the
+    checkpoint names it or what lies beside it. The languages are recorded as given, else as the checkpoint's task
+    names them (unless those are src / tgt); Moses splits each side by its language's rules."""
     path = checkpoint_file(Path(source))
     ckpt = read_checkpoint(path)
     s, task = settings(ckpt, path)
@@ -285,10 +244,11 @@ def import_fairseq(source: str | os.PathLike, *, vocab: str | os.PathLike | None
     langs = (arg(task, "source_lang", str, "src", path), arg(task, "target_lang", str, "tgt", path))
     data = str(task.get("data") or "").split(os.pathsep)[0]
     folders = [Path(vocab)] if vocab is not None else [path.parent] + ([Path(data)] if data else [])
-    dicts = _dictionaries(folders, langs, path)
-    spm_file = _spm_path(None if spm is None else Path(spm), path.parent, state_of(state_of(ckpt.get("cfg")).get(
-        "bpe")), path)
-    proto = read_spm(spm_file)
+    dicts = dictionaries(folders, langs, path)
+    recorded = {"src": src_lang or langs[0], "tgt": tgt_lang or langs[1]}
+    text = text_pipeline(ckpt, path, spm=None if spm is None else Path(spm),
+                         codes=None if bpe_codes is None else Path(bpe_codes), moses=moses,
+                         langs=(recorded["src"], recorded["tgt"]))
     specials = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
     eos = SPECIALS.index("</s>")  # fairseq's decoder starts from </s>
     rows = {side: w.tensors[f"{name}.embed_tokens.weight"].shape[0] for side, name in (("src", "encoder"),
@@ -297,7 +257,7 @@ def import_fairseq(source: str | os.PathLike, *, vocab: str | os.PathLike | None
         if n != len(d.pieces):
             raise CheckpointError(f"{d.path}: {len(d.pieces):,} symbols (with fairseq's 4 specials) for the "
                                   f"{'encoder' if side == 'src' else 'decoder'}'s {n:,} embedding rows")
-    sides = {side: Side.of(d, rows[side], specials, eos, [proto]) for side, d in zip(("src", "tgt"), dicts)}
+    sides = {side: Side.of(d, rows[side], specials, eos, text.spms) for side, d in zip(("src", "tgt"), dicts)}
     share = dicts[0].pieces == dicts[1].pieces and torch.equal(w.tensors["encoder.embed_tokens.weight"],
                                                                w.tensors["decoder.embed_tokens.weight"])
     scaled, output = not arg(s, "no_scale_embedding", bool, False, path), _output(w)
@@ -305,15 +265,14 @@ def import_fairseq(source: str | os.PathLike, *, vocab: str | os.PathLike | None
     state = _state(w, config, sides, rows, scaled, output)
     if {k: tuple(v.shape) for k, v in state.items()} != model_shapes(config):
         raise AttnkitError(f"import of {path}: the weights mapped do not make attnkit's model (a bug in attnkit)")
-    tokenizers = {side: side_tokenizer(proto, sides[side].names) for side in ("src", "tgt")}
+    tokenizers = {side: text.tokenizer(side, sides[side].names) for side in ("src", "tgt")}
     try:
         for blob in tokenizers.values():
-            SubwordTokenizer.from_bytes(blob)
+            tokenizer_from_bytes(blob)
     except DataError as e:
-        raise CheckpointError(f"{spm_file}: {e}") from None
+        raise CheckpointError(f"{text.source}: {e}") from None
     if tokenizers["src"] == tokenizers["tgt"]:
         del tokenizers["tgt"]
-    recorded = {"src": src_lang or langs[0], "tgt": tgt_lang or langs[1]}
     return Checkpoint(kind="transformer", config=RunConfig(model=config, train=TrainConfig()), model_state=state,
                       tokenizers=tokenizers, languages={k: v for k, v in recorded.items() if v not in ("src", "tgt")})
 

@@ -48,6 +48,7 @@ from safetensors.torch import save as st_save
 
 from attnkit.checkpoint import Checkpoint, load_checkpoint
 from attnkit.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, RunConfig, TrainConfig, TransformerConfig, family
+from attnkit.data.moses_bpe import MAGIC as MOSES_BPE
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
 from attnkit.formats.layer_names import layer_table, model_shapes, reorder
@@ -186,6 +187,8 @@ def _refusal(ckpt: Checkpoint) -> str | None:
         (c.activation not in ("relu", "gelu", "swish"), f"the {c.activation} activation"),
         (c.d_model % 2 == 1, f"an odd d_model ({c.d_model}): Marian's sinusoid pairs its channels"),
         ("src" not in ckpt.tokenizers, "no tokenizer"),
+        (any(blob.startswith(MOSES_BPE) for blob in ckpt.tokenizers.values()),
+         "a Moses + BPE tokenizer (fairseq's pipeline): MarianMTModel reads sentencepiece models"),
     ]
     return next((why for bad, why in reasons if bad), None)
 

@@ -22,7 +22,8 @@ import torch
 
 from attnkit.checkpoint import load_checkpoint, model_from
 from attnkit.config import TransformerConfig
-from attnkit.data.tokenizer import EOS_ID, SubwordTokenizer
+from attnkit.data.tokenizer import EOS_ID
+from attnkit.data.tokenizer_kinds import tokenizer_from_bytes
 from attnkit.errors import AttnkitError
 from attnkit.models import Transformer
 from attnkit.viz.figure import Plot, finish, subplots
@@ -89,7 +90,7 @@ def sentence_ids(text: str, checkpoint: str | Path | None, seed: int) -> tuple[T
         ckpt = load_checkpoint(checkpoint)
         if ckpt.kind != "transformer":
             raise AttnkitError(f"{checkpoint} holds a '{ckpt.kind}' model; plot order draws a Transformer's encoder")
-        tok = SubwordTokenizer.from_bytes(ckpt.tokenizers["src"])
+        tok = tokenizer_from_bytes(ckpt.tokenizers["src"])
         ids = tok.encode([text])[0]
         return model_from(ckpt, checkpoint).eval(), [*tok.pieces(ids), "</s>"], [*ids, EOS_ID]
     words = text.split()
