@@ -167,6 +167,17 @@ def test_a_fairseq_model_with_bpe_codes_imports_scores_and_translates_as_fairseq
                           "target_lang": "de", "encode": [], "decode": greedy}, tmp_path)["decoded"]
     known = [i for i, g in enumerate(greedy) if 3 not in g]  # fairseq writes "<unk>"; attnkit drops it
     assert known and [out[i].text for i in known] == [texts[i] for i in known]
+    int8 = Translator.from_checkpoint(path, device="cpu", quantize="int8").translate(ENGLISH[:6], beam=2)
+    assert all(o.text == translator.tgt_tok.decode([o.tokens])[0] for o in int8)  # the int8 path decodes the same way
+    pytest.importorskip("ctranslate2")
+    from attnkit.export import CT2Translator, export_checkpoint
+
+    exported = export_checkpoint(path, tmp_path / "ct2")
+    stored = load_checkpoint(path).tokenizers  # Moses by each side's language: two tokenizers
+    assert [(exported / f"{n}.moses-bpe").read_bytes() for n in ("source", "target")] == [stored["src"], stored["tgt"]]
+    theirs = CT2Translator.from_dir(exported, threads=1).translate(ENGLISH[:6], beam=1, max_len_a=0.0, max_len_b=12,
+                                                                   min_len=1)
+    assert [t.text for t in theirs] == [o.text for o in out]  # CTranslate2 reads the stored Moses + BPE tokenizer
     cli = tmp_path / "cli.safetensors"
     assert main(["import", "--from", "fairseq", str(folder / "checkpoint_best.pt"), "--bpe-codes",
                  str(bpe_files["codes"]), "--src-lang", "en", "--tgt-lang", "de", "--out", str(cli),
