@@ -5,8 +5,9 @@ registries, its Dictionary) splits and joins English and German sentences full o
 (& < > | [ ] quotes, apostrophes, dashes, abbreviations, numbers); attnkit gives the same ids (through the rows a
 fairseq import gives them) and the same text back, and differs where a setting is changed (no escaping, no dash
 splits, no Moses). A fairseq Transformer whose dictionary is BPE pieces, imported with its `bpecodes` found beside it,
-scores fairseq's ids and translates to the text fairseq's pipeline makes of its greedy output. Without the oracle:
-the stored form, one-line errors, and the UNK and dropout rules.
+scores fairseq's ids and translates to the text fairseq's pipeline makes of its greedy output, the same through
+int8, the CTranslate2 export and the service. Without the oracle: the stored form, one-line errors, the UNK and
+dropout rules, and the Marian export's refusal.
 """
 
 from __future__ import annotations
@@ -132,11 +133,11 @@ def test_the_check_fails_when_a_moses_setting_is_changed(bpe_files, tmp_path, wr
     assert [[side.ids[i] for i in ids] for ids in ours] != theirs
 
 
-@needs_fairseq
-def test_a_fairseq_model_with_bpe_codes_imports_scores_and_translates_as_fairseq(bpe_files, tmp_path, capsys):
-    from attnkit.cli.main import main
-    from attnkit.decode import Translator
-
+@pytest.fixture(scope="module")
+def bpe_model(bpe_files, tmp_path_factory) -> dict:
+    """A tiny fairseq Transformer (shared tables) whose dictionary is the BPE pieces, its outputs for six pairs
+    encoded by fairseq's pipeline, and its import with `bpecodes` found beside it."""
+    tmp_path = tmp_path_factory.mktemp("fairseq-bpe")
     folder = tmp_path / "model"
     folder.mkdir()
     fs_ids = fairseq_text({"codes": str(bpe_files["codes"]), "dict": str(bpe_files["dict"]), "source_lang": "en",
@@ -151,8 +152,18 @@ def test_a_fairseq_model_with_bpe_codes_imports_scores_and_translates_as_fairseq
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (folder / "bpecodes").write_bytes(bpe_files["codes"].read_bytes())  # found beside the checkpoint
-    expected = json.loads((folder / "outputs.json").read_text())
-    path = imported(folder, tmp_path, src_lang="en", tgt_lang="de")
+    return {"folder": folder, "path": imported(folder, tmp_path, src_lang="en", tgt_lang="de"), "symbols": symbols,
+            "tgt_ids": tgt_ids, "expected": json.loads((folder / "outputs.json").read_text())}
+
+
+@needs_fairseq
+def test_a_fairseq_model_with_bpe_codes_imports_scores_and_translates_as_fairseq(bpe_files, bpe_model, tmp_path,
+                                                                                  capsys):
+    from attnkit.cli.main import main
+    from attnkit.decode import Translator
+
+    folder, path, symbols, tgt_ids, expected = (bpe_model[k] for k in ("folder", "path", "symbols", "tgt_ids",
+                                                                        "expected"))
     translator = Translator.from_checkpoint(path, device="cpu")
     table = [*SPECIALS, *symbols]  # fairseq's ids
     assert [translator.tgt_tok.pieces(ids) for ids in translator.tgt_tok.encode(GERMAN[:6])] == [
@@ -219,3 +230,34 @@ def test_codes_errors_name_the_line_and_bpe_dropout_is_refused(bpe_files, monkey
     monkeypatch.setitem(sys.modules, "sacremoses", None)  # not installed
     with pytest.raises(ConfigError, match="pip install sacremoses subword-nmt"):
         tokenizer(bpe_files, "en").encode(["a"])
+
+
+def test_the_marian_export_refuses_a_moses_bpe_tokenizer(bpe_files, trained, tmp_path):
+    """MarianMTModel reads sentencepiece models: a Transformer holding Moses + BPE is refused in one line."""
+    import dataclasses
+
+    from attnkit.checkpoint import save_checkpoint
+    from attnkit.formats import export_marian
+
+    ckpt = load_checkpoint(trained[1] / "checkpoints" / "best.safetensors")
+    names = tokenizer_from_bytes(ckpt.tokenizers["src"]).pieces(list(range(ckpt.config.model.src_vocab_size)))
+    blob = MosesBPETokenizer(bpe_files["codes"].read_text(encoding="utf-8"), names, "en").to_bytes()
+    save_checkpoint(tmp_path / "moses.safetensors", dataclasses.replace(ckpt, tokenizers={"src": blob}))
+    with pytest.raises(ConfigError, match=r"holds a Moses \+ BPE tokenizer \(fairseq's pipeline\)") as e:
+        export_marian(tmp_path / "moses.safetensors", tmp_path / "hf")
+    assert "\n" not in str(e.value) and not (tmp_path / "hf").exists()
+
+
+@needs_fairseq
+def test_the_bpe_model_serves(bpe_model):
+    from attnkit.decode import DecodeOptions, Translator
+    from conftest import serve_extra
+
+    httpx = serve_extra()
+    from browser import served
+
+    want = Translator.from_checkpoint(bpe_model["path"], device="cpu").translate(ENGLISH, DecodeOptions(beam=2,
+                                                                                                      max_len=256))
+    with served(bpe_model["path"]) as url:
+        r = httpx.post(url + "/translate", json={"texts": ENGLISH, "beam": 2}, timeout=60)
+    assert r.status_code == 200 and [t["text"] for t in r.json()["translations"]] == [t.text for t in want]
