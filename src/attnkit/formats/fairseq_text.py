@@ -96,18 +96,11 @@ class TextPipeline:
         return MosesBPETokenizer(self.codes, names, lang, self.escape, self.dash_splits).to_bytes()
 
 
-def _spm(folder: Path, bpe: dict) -> Path | None:
-    """The sentencepiece model named by cfg.bpe, or beside the checkpoint; None if there is none."""
-    named = bpe.get("sentencepiece_model")
-    candidates = ([Path(named), folder / Path(named).name] if named else []) + [folder / n for n in SPMS]
-    return next((c for c in candidates if c.is_file()), None)
-
-
-def _codes(folder: Path, bpe: dict) -> Path | None:
-    """The BPE codes named by cfg.bpe, or beside the checkpoint; None if there are none."""
-    named = bpe.get("bpe_codes")
-    candidates = ([Path(named), folder / Path(named).name] if isinstance(named, str) else []) + [
-        folder / n for n in CODES]
+def _found(folder: Path, named: object, usual: tuple[str, ...]) -> Path | None:
+    """The file cfg.bpe names (as written, or by its name beside the checkpoint), else the first of `usual` beside
+    it; None if there is none."""
+    candidates = ([Path(named), folder / Path(named).name] if isinstance(named, str) and named else []) + [
+        folder / n for n in usual]
     return next((c for c in candidates if c.is_file()), None)
 
 
@@ -139,10 +132,11 @@ def text_pipeline(ckpt: dict, path: Path, *, spm: Path | None, codes: Path | Non
                               "models and subword-nmt's BPE codes")
     if spm is not None and codes is not None:
         raise CheckpointError(f"{path}: give a sentencepiece model (--spm) or BPE codes (--bpe-codes), not both")
-    spm_file = spm or (None if codes is not None or name == "subword_nmt" else _spm(path.parent, bpe))
+    look_for_spm = codes is None and name != "subword_nmt"
+    spm_file = spm or (_found(path.parent, bpe.get("sentencepiece_model"), SPMS) if look_for_spm else None)
     if spm_file is not None:
         return TextPipeline(spm_file, spm=read_spm(spm_file))
-    codes_file = codes or (None if name == "sentencepiece" else _codes(path.parent, bpe))
+    codes_file = codes or (None if name == "sentencepiece" else _found(path.parent, bpe.get("bpe_codes"), CODES))
     if codes_file is None:
         raise CheckpointError(f"{path}: no sentencepiece model ({', '.join(SPMS)}) or BPE codes ({', '.join(CODES)}) "
                               "beside it; pass it with --spm or --bpe-codes")
