@@ -4,11 +4,12 @@
 #   bash benchmarks/results/claims/xl-claims.sh ts    # tiny-shakespeare, 3,000 updates (~2 h on 2 cores)
 #   bash benchmarks/results/claims/xl-claims.sh wt2   # wikitext-2, 6,000 updates (~3.5 h)
 #   bash benchmarks/results/claims/xl-claims.sh wt2 xl-table6 recl   # only those experiments, in that order
+#   UPDATES=3000 bash benchmarks/results/claims/xl-claims.sh wt2 planted-recall   # another number of updates
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 case "${1:?ts or wt2}" in
-    ts) data=tiny-shakespeare; updates=3000; tokens=2048 ;;
-    wt2) data=wikitext-2; updates=6000; tokens=4096 ;;
+    ts) data=tiny-shakespeare; updates=${UPDATES:-3000}; tokens=2048 ;;
+    wt2) data=wikitext-2; updates=${UPDATES:-6000}; tokens=4096 ;;
     *) echo "usage: $0 ts|wt2" >&2; exit 2 ;;
 esac
 out=runs/xl-$1; logs=benchmarks/results/claims
