@@ -96,17 +96,22 @@ def category(event) -> str:
     return "other operators"
 
 
-def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int) -> dict:
+def recipe_trainer(recipe: str, scratch: Path, updates: int, *overrides: str) -> Trainer | LMTrainer:
+    """The recipe's trainer on its real data and batches for `updates` updates, evaluating as little as it can."""
     kind, preset, data = RECIPES[recipe]
     data_dir = prepared(data, scratch)
-    budget = [f"train.max_steps={warmup + steps + 1}", "train.max_minutes=0", "train.horizon=steps"]
+    budget = [f"train.max_steps={updates}", "train.max_minutes=0", "train.horizon=steps", *overrides]
     if kind == "mt":
         cfg = cfgmod.resolve([preset], [*budget, "train.eval_bleu=false", "train.best_metric=loss"])
-        trainer = Trainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
-    else:
-        cfg = cfgmod.resolve([preset], [*budget, "train.eval_max_tokens=1024", "train.eval_interval=100000"],
-                             cls=cfgmod.LMRunConfig)
-        trainer = LMTrainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
+        return Trainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
+    cfg = cfgmod.resolve([preset], [*budget, "train.eval_max_tokens=1024", "train.eval_interval=100000"],
+                         cls=cfgmod.LMRunConfig)
+    return LMTrainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
+
+
+def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int) -> dict:
+    trainer = recipe_trainer(recipe, scratch, warmup + steps + 1)
+    cfg, preset = trainer.cfg, RECIPES[recipe][1]
     step, walls, tokens = trainer.train_step, [], []
     plan = schedule(wait=warmup, warmup=1, active=steps, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], schedule=plan) as prof:
