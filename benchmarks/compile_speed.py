@@ -14,13 +14,12 @@ line. Writes OUT/compile.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
-from train_profile import RECIPES, recipe_trainer
+from train_profile import RECIPES, recipe_arguments, recipe_trainer, write_results
 
 
 def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool) -> tuple[list[float], list[int]]:
@@ -77,19 +76,13 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    recipe_arguments(ap)
     ap.add_argument("--warmup", type=int, default=10, help="updates that hold the compilations")
     ap.add_argument("--steps", type=int, default=40, help="steady updates timed after them")
-    ap.add_argument("--scratch", type=Path, default=Path("runs/profile"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     rows = [measure(r, args.scratch, args.warmup, args.steps) for r in args.recipes]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compile.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    text = f"`python benchmarks/compile_speed.py {' '.join(sys.argv[1:])}`\n\n" + table(rows)
-    (args.out / "compile.md").write_text(text, encoding="utf-8")
-    print(text, end="")
+    write_results(args.out, "compile", rows, table(rows))
 
 
 if __name__ == "__main__":

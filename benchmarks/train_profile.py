@@ -163,22 +163,32 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def recipe_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options every per-recipe benchmark takes: where to write, which recipes, where their data is prepared."""
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    ap.add_argument("--scratch", type=Path, default=Path("runs/profile"))
+
+
+def write_results(out: Path, name: str, rows: list[dict], markdown: str) -> None:
+    """OUT/NAME.json (the rows) and OUT/NAME.md (the command that ran, then the table), the table printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    text = f"`python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}`\n\n" + markdown
+    (out / f"{name}.md").write_text(text, encoding="utf-8")
+    print(text, end="")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    recipe_arguments(ap)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--scratch", type=Path, default=Path("runs/profile"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     _wrap_loss()
     rows = [profile_recipe(r, args.scratch, args.warmup, args.steps) for r in args.recipes]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "train-profile.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    text = f"`python benchmarks/train_profile.py {' '.join(sys.argv[1:])}`\n\n" + table(rows)
-    (args.out / "train-profile.md").write_text(text, encoding="utf-8")
-    print(text, end="")
+    write_results(args.out, "train-profile", rows, table(rows))
 
 
 if __name__ == "__main__":
