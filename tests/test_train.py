@@ -252,19 +252,6 @@ def test_a_compiled_model_trains_like_the_eager_one(tmp_path, data_dir, backend)
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_torch_compile_traces_a_training_forward_in_one_graph():
-    """No graph break in a training forward with dropout (a break per linear map or dropout made every compiled
-    recipe slower and the demo's dynamic shapes fail: docs/speed.md)."""
-    from attnkit.models import build_model
-
-    cfg = tiny_run_config()
-    model = build_model(cfg.model.kind, cfg.model).train()
-    src, tgt_in = torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4))
-    explained = torch._dynamo.explain(model)(src, tgt_in)
-    assert explained.graph_break_count == 0, explained.break_reasons
-    assert explained.graph_count == 1
-
-
 def test_the_dev_figures_of_training_are_those_of_the_saved_weights(tmp_path, data_dir):
     """The dev BLEU / exact match / NLL logged after an epoch equal what a fresh process computes from the
     checkpoint saved then: no state of the training process (a stale prepacked weight after a fused

@@ -12,7 +12,7 @@ come from torch's generator, so seeds reproduce.
 Profiled in the MT workload's float32 training step on 2 cores (32 dropout sites, ~0.6 s per step): the
 masks and their use in both directions took about 75 ms with 32-bit masks, `where` and SDPA's `bernoulli_`,
 and about 30 ms this way.
-On CUDA, and inside torch.compile (which cannot trace the dtype view and fuses dropout itself), `F.dropout` is used.
+On CUDA the fused kernel of `F.dropout` is used.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def drop(x: torch.Tensor, p: float, training: bool) -> tuple[torch.Tensor, float
     scale where it is cheaper (a smaller tensor further on, a weight, an `alpha`)."""
     if not training or p == 0.0:
         return x, 1.0
-    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():  # torch.compile fuses its own
+    if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, training), 1.0
     scores = keep_scores(x.shape, p, x.dtype, x.device)
     return torch.ops.aten.threshold_backward(x, scores, 0.0), 1.0 / (1.0 - p)  # x where scores > 0, else 0

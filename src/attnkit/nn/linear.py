@@ -226,15 +226,9 @@ def prepacked(cache: PackedWeights | None = None) -> Iterator[PackedWeights]:
         yield cache
 
 
-def _open_scope() -> PackedWeights | None:
-    """The prepacked scope open here; none inside torch.compile, whose graphs would break at every linear map on the
-    ContextVar (which it cannot trace) and which has no use for the CPU's prepacked copies."""
-    return None if torch.compiler.is_compiling() else _SCOPE.get()
-
-
 def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear(x, weight)` takes the prepacked path (float32 only for int8 copies)."""
-    return _packable(x, weight, _open_scope())
+    return _packable(x, weight, _SCOPE.get())
 
 
 def _packable(x: torch.Tensor, weight: torch.Tensor, cache: PackedWeights | None) -> bool:
@@ -272,7 +266,7 @@ def linear(
     """
     if rows is not None and bias is not None:
         bias = bias[rows[0] : rows[1]]
-    cache = _open_scope()
+    cache = _SCOPE.get()
     if not _packable(x, weight, cache):
         y = F.linear(x, weight if rows is None else weight[rows[0] : rows[1]], bias)
         return y if activation is None else _ACTIVATIONS[activation](y)
