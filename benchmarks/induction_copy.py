@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attnkit.data.planted import cut_rows
+
 KEY_LEN, OFFSET_KEY_LEN = 6, 8
 FILLER = (8, 40)
 ROWS, SEGMENT, LR, WARMUP, CLIP, EVERY = 32, 64, 1e-3, 100, 0.25, 250
@@ -81,9 +83,7 @@ def nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def rows(ids, b: int, device: torch.device) -> torch.Tensor:
-    ids = torch.as_tensor(ids.astype("int64"))
-    n = len(ids) // b
-    return ids[: n * b].view(b, n).to(device)  # (B, N / B)
+    return torch.as_tensor(cut_rows(ids, b)).to(device)  # (N,) -> (B, N / B), as the LM streams cut it
 
 
 @torch.no_grad()
