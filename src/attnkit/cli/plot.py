@@ -17,8 +17,8 @@ HTML_SENTENCES = 20  # sentences of --src-file the --html page holds
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    p = sub.add_parser("plot", help="pictures: attention, decoding, positions, order, schedule, curves, softmax, "
-                                    "report")
+    p = sub.add_parser("plot", help="pictures: attention, decoding, positions, order, schedule, curves, crossing, "
+                                    "softmax, report")
     what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
 
     _add_attention_parser(what)
@@ -71,6 +71,11 @@ def add_parsers(sub) -> dict[str, Callable]:
     c.add_argument("--x", choices=["step", "time", "both"], default="both",
                    help="x axis: updates, wall-clock minutes, or one panel of each")
     _out(c, "curves.png")
+
+    x = what.add_parser("crossing", help="validation curves against minutes of lm-ablation folders (one panel each) "
+                                         "and the minute each model goes below the LSTM for good")
+    x.add_argument("ablations", nargs="+", metavar="ABLATION_DIR", help="folders of `attnkit experiment lm-ablation`")
+    _out(x, "crossing.png")
 
     sm = what.add_parser("softmax", help="why scores are divided by sqrt(d_k): sampled q.k against d_k, and the "
                                          "logits [a, a, 2a] against a")
@@ -326,6 +331,22 @@ def plot_curves_cmd(args, overrides: list[str]) -> None:
     print(f"wrote {args.out}")
 
 
+def plot_crossing_cmd(args, overrides: list[str]) -> None:
+    import math
+
+    from attnkit.experiments.lm_ablation import curve_group
+    from attnkit.viz.curves import plot_crossing
+
+    _, crossings = plot_crossing([curve_group(Path(d)) for d in args.ablations], _new(args.out, args.force))
+    print("| corpus | model | baseline | model ahead from (min) | last valid, model | baseline | at min |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for c in crossings:
+        ahead = f"{c.minute:.1f}" if math.isfinite(c.minute) else "not within the runs"
+        print(f"| {c.group} | {c.model} | {c.baseline} | {ahead} | {c.model_last:.4g} | {c.baseline_last:.4g} | "
+              f"{c.minutes:.1f} |")
+    print(f"wrote {args.out}")
+
+
 def plot_softmax_cmd(args, overrides: list[str]) -> None:
     from attnkit.viz.softmax import plot_softmax
 
@@ -364,4 +385,4 @@ def plot_report_cmd(args, overrides: list[str]) -> None:
 
 PLOTS = {"attention": plot_attention_cmd, "decoding": plot_decoding_cmd, "positions": plot_positions_cmd,
          "order": plot_order_cmd, "schedule": plot_schedule_cmd, "curves": plot_curves_cmd,
-         "softmax": plot_softmax_cmd, "report": plot_report_cmd}
+         "crossing": plot_crossing_cmd,         "softmax": plot_softmax_cmd, "report": plot_report_cmd}

@@ -51,6 +51,7 @@ from attnkit.experiments.runs import clear_run, evaluation_key, record_run, refu
 from attnkit.experiments.tables import cell, write_table
 from attnkit.io import atomic_write_json
 from attnkit.runtime import resolve_device
+from attnkit.viz.curves import CurveGroup
 from attnkit.viz.figure import finish, subplots
 
 ABLATION_SUFFIXES = ("-no-recurrence", "-absolute", "-vanilla", "-lstm")  # after the Transformer-XL's own name
@@ -110,6 +111,23 @@ def prepare_data(data: str, out_dir: Path, corpora_dir: Path, say: Callable[[str
     prepare_lm(target, files[0], files[1], files[2], level=c.level, valid_fraction=c.valid_fraction)
     atomic_write_json(target / PREPARED_FROM, {"corpus": data})
     return target
+
+
+def curve_group(out_dir: Path) -> CurveGroup:
+    """The models of a finished `lm-ablation` in `out_dir` as one panel of `attnkit plot crossing`: titled by its
+    corpus, its LSTMs the baselines."""
+    try:
+        summary = json.loads((out_dir / "lm_ablation.json").read_text(encoding="utf-8"))
+        models = {m["name"]: m["kind"] for m in summary["models"]}
+        level = summary["level"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise AttnkitError(f"{out_dir}: no finished lm-ablation here (lm_ablation.json: {e})") from None
+    try:
+        title = json.loads((out_dir / "data" / PREPARED_FROM).read_text(encoding="utf-8"))["corpus"]
+    except (OSError, ValueError, KeyError, TypeError):
+        title = out_dir.name
+    baselines = tuple(name for name, kind in models.items() if kind == "lstm-lm")
+    return CurveGroup(title, level, {name: out_dir / name for name in models}, baselines)
 
 
 def _check_prepared_from(target: Path, data: str) -> None:

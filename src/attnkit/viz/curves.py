@@ -1,15 +1,19 @@
-"""Curves over training: metrics.csv of one or more run folders, and learning-rate schedules.
+"""Curves over training: metrics.csv of one or more run folders, where two models' curves cross, and learning-rate
+schedules.
 
 Any model family that logs to metrics.csv (columns split, step, elapsed_s and its metrics) gets its
 curves drawn: every column of METRICS that holds numbers is a panel, every run a colour, training
 rows solid and validation rows dashed, against updates and against wall-clock minutes.
+`plot_crossing` draws the validation curves of several groups of runs (one corpus each) against the wall-clock
+minutes of their budget and finds the minute from which one model stays ahead of another (`crossing_minute`).
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +99,105 @@ def _colors(n: int) -> list:
 
     cmap = matplotlib.colormaps["tab10"]
     return [cmap(i % 10) for i in range(n)]
+
+
+# --- where two curves cross -----------------------------------------------------------------------------------------
+Curve = tuple[np.ndarray, np.ndarray]  # (minutes, validation loss in nats), both (n,), minutes increasing
+
+
+def valid_curve(run_dir: str | Path) -> Curve:
+    """A run's validation loss (nats per token) against the wall-clock minutes of its budget at each evaluation."""
+    valid = read_metrics(run_dir).get("valid", {})
+    loss, seconds = valid.get("nll", valid.get("loss")), valid.get("elapsed_s")
+    keep = None if loss is None or seconds is None else ~np.isnan(loss) & ~np.isnan(seconds)
+    if keep is None or not keep.any():
+        raise AttnkitError(f"{run_dir}/metrics.csv holds no validation loss with its elapsed_s")
+    return seconds[keep] / 60.0, loss[keep]
+
+
+def crossing_minute(a: Curve, b: Curve) -> float:
+    """The minute from which curve `a` stays at or below curve `b` (each linear between its points) over the minutes
+    both cover: the first of them when `a` is never above `b`, inf when `a` ends above `b`."""
+    lo, hi = max(a[0][0], b[0][0]), min(a[0][-1], b[0][-1])
+    grid = np.union1d(a[0], b[0])
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    if grid.size == 0:
+        raise AttnkitError(f"the two curves share no minutes ({a[0][0]:.1f}-{a[0][-1]:.1f} and "
+                           f"{b[0][0]:.1f}-{b[0][-1]:.1f})")
+    gap = np.interp(grid, *a) - np.interp(grid, *b)  # > 0 where a is behind
+    behind = np.flatnonzero(gap > 0)
+    if behind.size == 0:
+        return float(grid[0])
+    i = int(behind[-1])
+    if i == grid.size - 1:
+        return math.inf
+    return float(grid[i] + (grid[i + 1] - grid[i]) * gap[i] / (gap[i] - gap[i + 1]))  # where the segment meets 0
+
+
+@dataclass(frozen=True)
+class CurveGroup:
+    """One panel of `plot_crossing`: a corpus's runs by label, whose level sets the y axis (bits per character, or
+    perplexity), and the labels of the baselines every other run is compared with."""
+
+    title: str
+    level: str  # char | word
+    runs: dict[str, Path]
+    baselines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Crossing:
+    group: str
+    model: str
+    baseline: str
+    minute: float  # from which `model` stays at or below `baseline` (inf: not within the runs)
+    model_last: float  # each one's last validation figure (bpc or ppl) and its minute
+    baseline_last: float
+    minutes: float
+
+
+def _shown(loss: np.ndarray, level: str) -> np.ndarray:
+    return loss / math.log(2) if level == "char" else np.exp(np.minimum(loss, 50.0))
+
+
+def group_crossings(group: CurveGroup, curves: dict[str, Curve]) -> list[Crossing]:
+    """Every non-baseline run of a group against each of its baselines."""
+    out = []
+    for base in group.baselines:
+        for label in (k for k in curves if k not in group.baselines):
+            (minutes, loss), (base_minutes, base_loss) = curves[label], curves[base]
+            last, base_last = _shown(np.array([loss[-1], base_loss[-1]]), group.level)
+            out.append(Crossing(group.title, label, base, crossing_minute(curves[label], curves[base]), float(last),
+                                float(base_last), float(min(minutes[-1], base_minutes[-1]))))
+    return out
+
+
+def plot_crossing(groups: Sequence[CurveGroup], path: str | Path | None, dpi: int = 110
+                  ) -> tuple[Plot, list[Crossing]]:
+    """One panel per group: each run's validation bpc (ppl) against minutes, baselines dashed, and a dotted line
+    where a run goes below a baseline for good. data["group/label"] = (minutes, bpc or ppl)."""
+    fig, axes = subplots(1, len(groups), 5.0, 3.6)
+    data: dict[str, Curve] = {}
+    crossings: list[Crossing] = []
+    for ax, group in zip(axes[0], groups):
+        curves = {label: valid_curve(run) for label, run in group.runs.items()}
+        for (label, (minutes, loss)), color in zip(curves.items(), _colors(len(curves))):
+            data[f"{group.title}/{label}"] = (minutes, _shown(loss, group.level))
+            ax.plot(minutes, _shown(loss, group.level), color=color, marker="o", markersize=2.5, label=label,
+                    linestyle="--" if label in group.baselines else "-")
+        found = group_crossings(group, curves)
+        crossings += found
+        for c in (c for c in found if math.isfinite(c.minute)):
+            ax.axvline(c.minute, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(f"{c.model} ahead\nfrom {c.minute:.0f} min", (c.minute, 0.95), fontsize=7, ha="left",
+                        va="top", xycoords=("data", "axes fraction"), xytext=(3, 0), textcoords="offset points")
+        ax.set(xlabel="wall-clock minutes of the budget", title=group.title,
+               ylabel="valid bits per character" if group.level == "char" else "valid perplexity")
+        if group.level != "char":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return finish(fig, data, path, dpi), crossings
 
 
 def plot_schedule(schedule: Callable[[int], float], steps: int, path: str | Path | None, title: str = "") -> Plot:
