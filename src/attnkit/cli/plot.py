@@ -385,4 +385,4 @@ def plot_report_cmd(args, overrides: list[str]) -> None:
 
 PLOTS = {"attention": plot_attention_cmd, "decoding": plot_decoding_cmd, "positions": plot_positions_cmd,
          "order": plot_order_cmd, "schedule": plot_schedule_cmd, "curves": plot_curves_cmd,
-         "crossing": plot_crossing_cmd,         "softmax": plot_softmax_cmd, "report": plot_report_cmd}
+         "crossing": plot_crossing_cmd, "softmax": plot_softmax_cmd, "report": plot_report_cmd}

@@ -151,9 +151,9 @@ class Crossing:
     model: str
     baseline: str
     minute: float  # from which `model` stays at or below `baseline` (inf: not within the runs)
-    model_last: float  # each one's last validation figure (bpc or ppl) and its minute
+    model_last: float  # each run's last validation figure (bpc or ppl)
     baseline_last: float
-    minutes: float
+    minutes: float  # the last minute both runs reach
 
 
 def _shown(loss: np.ndarray, level: str) -> np.ndarray:
