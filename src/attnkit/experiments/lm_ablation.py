@@ -35,7 +35,6 @@ and `force` trains every model anew. OUT/data, prepared from a named corpus, is 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from attnkit.experiments.runs import clear_run, evaluation_key, record_run, refu
 from attnkit.experiments.tables import cell, write_table
 from attnkit.io import atomic_write_json
 from attnkit.runtime import resolve_device
-from attnkit.viz.curves import CurveGroup
+from attnkit.viz.curves import CurveGroup, level_metric
 from attnkit.viz.figure import finish, subplots
 
 ABLATION_SUFFIXES = ("-no-recurrence", "-absolute", "-vanilla", "-lstm")  # after the Transformer-XL's own name
@@ -308,7 +307,7 @@ def lm_ablation(presets: Sequence[str], data_dir: Path, out_dir: Path, lengths: 
 
 def metric(loss: float, level: str) -> float:
     """Bits per character for a character-level corpus, perplexity otherwise."""
-    return loss / math.log(2) if level == "char" else math.exp(min(loss, 50.0))
+    return float(level_metric(loss, level))
 
 
 def write_ablation(rows: list[AblationRow], lengths: Sequence[int], level: str, out_dir: Path, summary: dict) -> None:

@@ -156,7 +156,9 @@ class Crossing:
     minutes: float  # the last minute both runs reach
 
 
-def _shown(loss: np.ndarray, level: str) -> np.ndarray:
+def level_metric(loss, level: str):
+    """Nats per token (a float or an array) as a corpus's figure: bits per character at character level, else
+    perplexity."""
     return loss / math.log(2) if level == "char" else np.exp(np.minimum(loss, 50.0))
 
 
@@ -166,7 +168,7 @@ def group_crossings(group: CurveGroup, curves: dict[str, Curve]) -> list[Crossin
     for base in group.baselines:
         for label in (k for k in curves if k not in group.baselines):
             (minutes, loss), (base_minutes, base_loss) = curves[label], curves[base]
-            last, base_last = _shown(np.array([loss[-1], base_loss[-1]]), group.level)
+            last, base_last = level_metric(np.array([loss[-1], base_loss[-1]]), group.level)
             out.append(Crossing(group.title, label, base, crossing_minute(curves[label], curves[base]), float(last),
                                 float(base_last), float(min(minutes[-1], base_minutes[-1]))))
     return out
@@ -182,8 +184,8 @@ def plot_crossing(groups: Sequence[CurveGroup], path: str | Path | None, dpi: in
     for ax, group in zip(axes[0], groups):
         curves = {label: valid_curve(run) for label, run in group.runs.items()}
         for (label, (minutes, loss)), color in zip(curves.items(), _colors(len(curves))):
-            data[f"{group.title}/{label}"] = (minutes, _shown(loss, group.level))
-            ax.plot(minutes, _shown(loss, group.level), color=color, marker="o", markersize=2.5, label=label,
+            data[f"{group.title}/{label}"] = (minutes, level_metric(loss, group.level))
+            ax.plot(minutes, level_metric(loss, group.level), color=color, marker="o", markersize=2.5, label=label,
                     linestyle="--" if label in group.baselines else "-")
         found = group_crossings(group, curves)
         crossings += found
