@@ -2,6 +2,7 @@
 real data and batches for the same updates with `train.compile` off and on: docs/speed.md's compile table.
 
     python benchmarks/compile_speed.py --out benchmarks/results/compile [--recipes multi30k ...] [--steps 40]
+        [--set train.device=cuda ...]
 
 Per recipe and setting: every update's wall time; the first `--warmup` updates hold the compilations (the first
 shape, then the dynamic graph for the shapes after it), the next `--steps` are the steady state. Reported: the
@@ -22,9 +23,11 @@ import torch
 from train_profile import RECIPES, recipe_arguments, recipe_trainer, write_results
 
 
-def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool) -> tuple[list[float], list[int]]:
-    """Every update's wall time (s) and tokens, `updates` of them."""
-    trainer = recipe_trainer(recipe, scratch, updates, f"train.compile={str(compile_).lower()}")
+def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool, overrides: list[str]
+                  ) -> tuple[list[float], list[int]]:
+    """Every update's wall time (s) and tokens, `updates` of them (an update ends with its loss read: on a GPU,
+    after its kernels ran)."""
+    trainer = recipe_trainer(recipe, scratch, updates, *overrides, f"train.compile={str(compile_).lower()}")
     step, walls, tokens = trainer.train_step, [], []
 
     def timed_step(*args):
@@ -39,11 +42,12 @@ def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool) -> t
     return walls[:updates], tokens[:updates]
 
 
-def measure(recipe: str, scratch: Path, warmup: int, steps: int) -> dict:
-    row: dict = {"recipe": recipe, "preset": RECIPES[recipe][1], "warmup": warmup, "steps": steps}
+def measure(recipe: str, scratch: Path, warmup: int, steps: int, overrides: list[str]) -> dict:
+    row: dict = {"recipe": recipe, "preset": RECIPES[recipe][1], "warmup": warmup, "steps": steps,
+                 "overrides": overrides}
     for name, compile_ in (("eager", False), ("compiled", True)):
         try:
-            walls, tokens = timed_updates(recipe, scratch, warmup + steps, compile_)
+            walls, tokens = timed_updates(recipe, scratch, warmup + steps, compile_, overrides)
         except Exception as e:  # noqa: BLE001 - a compiler failure is a result of this benchmark
             row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
             print(f"{recipe} {name}: failed: {row[name]['error']}", file=sys.stderr, flush=True)
@@ -79,9 +83,11 @@ def main() -> None:
     recipe_arguments(ap)
     ap.add_argument("--warmup", type=int, default=10, help="updates that hold the compilations")
     ap.add_argument("--steps", type=int, default=40, help="steady updates timed after them")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every recipe and setting (train.device=cuda: on a GPU)")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    rows = [measure(r, args.scratch, args.warmup, args.steps) for r in args.recipes]
+    rows = [measure(r, args.scratch, args.warmup, args.steps, args.set) for r in args.recipes]
     write_results(args.out, "compile", rows, table(rows))
 
 

@@ -30,6 +30,7 @@ from test_rnn import IDS, VARIANTS
 from test_rnn import model as rnn_model
 from test_rnn import sources as rnn_sources
 from test_rnn import targets as rnn_targets
+from test_train import fit_without_dropout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -65,19 +66,31 @@ def on(device: torch.device, module: torch.nn.Module) -> torch.nn.Module:
 
 
 # --- the encoder-decoder -------------------------------------------------------------------------
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_transformer_log_probs_and_gradients_equal_the_cpus(norm_first):
-    m, (src, tgt) = transformer(norm_first=norm_first), padded_batch()
+LAYERS = {  # every layer the config can build: post- and pre-LN, each part of the parts table switched, positions
+    "post-ln": {}, "pre-ln": dict(norm_first=True), "no-residual": dict(residual=False), "no-ffn": dict(ffn=False),
+    "no-wo": dict(output_projection=False), "shared-qk": dict(shared_qk=True), "no-scale": dict(scale_scores=False),
+    "batch-norm": dict(norm="batch"), "batch-norm-pre-ln": dict(norm="batch", norm_first=True),
+    "learned-positions": dict(positions="learned"), "no-positions": dict(positions="none"),
+    "shaw-positions": dict(positions="shaw", relative_clip=3),
+}
+
+
+@pytest.mark.parametrize("layer", LAYERS.values(), ids=LAYERS.keys())
+def test_transformer_log_probs_and_gradients_equal_the_cpus(layer):
+    """In training mode too (dropout 0): SDPA's backward kernels, and BatchNorm's statistics over the real tokens."""
+    m, (src, tgt) = transformer(**layer), padded_batch()
     g = on(CUDA, m)
     torch.testing.assert_close(g(src.to(CUDA), tgt.to(CUDA)).log_softmax(-1).cpu(), m(src, tgt).log_softmax(-1),
                                **CLOSE)
-    for model, device in ((m, "cpu"), (g, CUDA)):  # training mode (dropout 0): SDPA's backward kernels on CUDA
+    for model, device in ((m, "cpu"), (g, CUDA)):
         model.train()
         loss, _ = label_smoothed_nll(model(src.to(device), tgt.to(device)), tgt.roll(-1, 1).to(device), epsilon=0.1,
                                      ignore_index=PAD_ID)
         loss.backward()
     for (name, p), q in zip(m.named_parameters(), g.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, **CLOSE, msg=name)
+    for (name, b), c in zip(m.named_buffers(), g.buffers()):  # BatchNorm's running statistics moved alike
+        torch.testing.assert_close(c.cpu(), b, **CLOSE, msg=name)
 
 
 def test_decoding_on_cuda_equals_decoding_on_the_cpu():
@@ -95,8 +108,9 @@ def test_decoding_on_cuda_equals_decoding_on_the_cpu():
     assert [h[0].tokens for h in beam1] == [h[0].tokens for h in greedy] == [h[0].tokens for h in top1]
 
 
-def test_cached_beam_search_on_cuda_equals_recomputation():
-    g, (src, _) = on(CUDA, transformer()), padded_batch()
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "shaw"])
+def test_cached_beam_search_on_cuda_equals_recomputation(positions):
+    g, (src, _) = on(CUDA, transformer(positions=positions)), padded_batch()
     kw = dict(beam=4, nbest=3, max_len_a=0, max_len_b=8)
     cached, uncached = beam_search(g, src.to(CUDA), **kw), beam_search(Uncached(g), src.to(CUDA), **kw)
     for c, u in zip(cached, uncached):
@@ -125,12 +139,18 @@ def test_int8_is_refused_on_cuda_with_the_reason():
 
 
 # --- the language models -------------------------------------------------------------------------
-@pytest.mark.parametrize(("kind", "same_length", "clamp_len"),
-                         [("transformer-xl", False, 0), ("transformer-xl", True, 6), ("vanilla-lm", False, 0)])
-def test_language_models_over_segments_equal_the_cpus(kind, same_length, clamp_len):
+LMS = {  # name: (kind, clamp_len, config fields)
+    "xl": ("transformer-xl", 0, {}), "xl-same-length-clamped": ("transformer-xl", 6, dict(same_length=True)),
+    "vanilla": ("vanilla-lm", 0, {}), "vanilla-learned": ("vanilla-lm", 0, dict(positions="learned")),
+    "vanilla-shaw": ("vanilla-lm", 0, dict(positions="shaw", relative_clip=3)),
+}
+
+
+@pytest.mark.parametrize(("kind", "clamp_len", "fields"), LMS.values(), ids=LMS.keys())
+def test_language_models_over_segments_equal_the_cpus(kind, clamp_len, fields):
     torch.manual_seed(0)
     cfg = TransformerXLConfig(kind=kind, vocab_size=11, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0,
-                              same_length=same_length)
+                              **fields)
     m = build_model(kind, cfg).eval()
     g = on(CUDA, m)
     x = torch.randint(11, (2, 15), generator=torch.Generator().manual_seed(1))
@@ -186,3 +206,13 @@ def test_a_bf16_run_trained_on_cuda_translates_there_as_on_the_cpu(tmp_path, dat
     cpu = Translator.from_checkpoint(path, device="cpu").translate_texts(sentences, beam=3)
     gpu = Translator.from_checkpoint(path, device="cuda").translate_texts(sentences, beam=3)
     assert gpu == cpu
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_model_compiled_on_cuda_trains_like_the_eager_one(tmp_path, data_dir, dtype):
+    """Inductor's Triton kernels, forward and backward (the CPU's tests capture the graphs with aot_eager)."""
+    eager = fit_without_dropout(tmp_path, data_dir, "eager", device="cuda", dtype=dtype)
+    compiled = fit_without_dropout(tmp_path, data_dir, "compiled", device="cuda", dtype=dtype, compile=True)
+    a, b = eager.evaluate()["loss"], compiled.evaluate()["loss"]
+    assert abs(a - b) < (0.01 if dtype == "float32" else 0.03) * a, (a, b)
+    assert all(bool(p.isfinite().all()) for p in compiled.model.parameters())

@@ -6,8 +6,9 @@ import ctypes
 import sys
 
 import pytest
+import torch
 
-from attnkit.runtime import keep_freed_memory
+from attnkit.runtime import keep_freed_memory, training_kernels
 
 glibc = sys.platform == "linux" and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
 
@@ -18,3 +19,35 @@ def test_keep_freed_memory_sets_glibc_and_can_be_turned_off(monkeypatch):
     assert keep_freed_memory.__wrapped__() is True
     monkeypatch.setenv("ATTNKIT_SYSTEM_MALLOC", "1")
     assert keep_freed_memory.__wrapped__() is False
+
+
+def _kernel_switches() -> tuple[bool, ...]:
+    b = torch.backends
+    return (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cuda.cudnn_sdp_enabled(), b.cuda.flash_sdp_enabled(),
+            b.cuda.mem_efficient_sdp_enabled(), b.cuda.math_sdp_enabled())
+
+
+def _set_kernel_switches(tf32: bool, cudnn_tf32: bool, *sdp: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32, cudnn_tf32
+    for enable, on in zip((torch.backends.cuda.enable_cudnn_sdp, torch.backends.cuda.enable_flash_sdp,
+                           torch.backends.cuda.enable_mem_efficient_sdp, torch.backends.cuda.enable_math_sdp), sdp):
+        enable(on)
+
+
+@pytest.mark.parametrize("host_tf32", [False, True])
+def test_training_kernels_switch_on_cuda_only_and_give_the_host_its_switches_back(host_tf32):
+    """The switches are process-wide flags (settable without a GPU): TF32 on, cuDNN's per-shape attention plans off,
+    the planless attention kernels on, inside the block on CUDA; the host's own settings after it, even after an
+    error; on the CPU the block touches nothing."""
+    before = _kernel_switches()
+    host = (host_tf32, host_tf32, True, False, True, True)  # flash off: a host's choice the block overrides
+    _set_kernel_switches(*host)
+    try:
+        with training_kernels(torch.device("cpu")):
+            assert _kernel_switches() == host
+        with pytest.raises(KeyError), training_kernels(torch.device("cuda")):
+            assert _kernel_switches() == (True, True, False, True, True, True)
+            raise KeyError("an error inside the block")
+        assert _kernel_switches() == host
+    finally:
+        _set_kernel_switches(*before)

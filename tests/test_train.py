@@ -197,7 +197,7 @@ def test_the_model_section_kind_picks_the_config_class():
 
 
 # --- the fast paths: bf16 autocast and torch.compile (so they cannot rot) ----------------------------
-def _fit(tmp_path, data_dir, name: str, **train) -> Trainer:
+def fit_without_dropout(tmp_path, data_dir, name: str, **train) -> Trainer:
     from attnkit import config as cfgmod
 
     cfg = tiny_run_config(max_steps=6, **train)
@@ -219,10 +219,10 @@ def test_bf16_autocast_computes_in_bf16_and_trains_like_float32(tmp_path, data_d
         return logits, aux
 
     monkeypatch.setattr(trainer_mod, "training_forward", recording_forward)
-    f32 = _fit(tmp_path, data_dir, "f32")
+    f32 = fit_without_dropout(tmp_path, data_dir, "f32")
     assert set(dtypes) == {torch.float32}
     dtypes.clear()
-    bf16 = _fit(tmp_path, data_dir, "bf16", dtype="bfloat16")
+    bf16 = fit_without_dropout(tmp_path, data_dir, "bf16", dtype="bfloat16")
     assert set(dtypes) == {torch.bfloat16}  # the matrix products ran in bf16
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # the master weights stay float32
     a, b = f32.evaluate()["loss"], bf16.evaluate()["loss"]
@@ -237,8 +237,8 @@ INDUCTOR = pytest.param("inductor", marks=pytest.mark.skipif(not os.environ.get(
 
 @pytest.mark.parametrize("backend", ["aot_eager", INDUCTOR])
 def test_a_compiled_model_trains_like_the_eager_one(tmp_path, data_dir, backend):
-    eager = _fit(tmp_path, data_dir, "eager")
-    compiled = _fit(tmp_path, data_dir, backend, compile=True, compile_backend=backend)
+    eager = fit_without_dropout(tmp_path, data_dir, "eager")
+    compiled = fit_without_dropout(tmp_path, data_dir, backend, compile=True, compile_backend=backend)
     from attnkit.data import iterate_batches
 
     assert list(compiled.model.state_dict()) == list(eager.model.state_dict())  # compiled in place: same names

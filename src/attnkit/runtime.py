@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnkit.errors import ConfigError
 
@@ -37,17 +38,25 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
+# cuDNN's fused attention builds an execution plan for every new shape: ~140 ms each on an H200 (torch 2.11), and
+# bucketed batches change shape almost every update, so Multi30k's preset trained at 300-400 ms an update with it
+# and at 25-55 ms with the flash / memory-efficient kernels, which need no plan (docs/speed.md "On a GPU").
+PLANLESS_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 @contextlib.contextmanager
-def tf32_products(device: torch.device):
-    """TF32 matmuls and convolutions on CUDA (Ampere and later) inside the block: free speed, ample precision for
-    training. The switches are process-wide, so the block restores what the host had set."""
+def training_kernels(device: torch.device):
+    """On CUDA inside the block: TF32 matmuls and convolutions (Ampere and later: free speed, ample precision for
+    training) and scaled-dot-product attention without cuDNN's per-shape plans (PLANLESS_ATTENTION). The switches
+    are process-wide, so the block restores what the host had set; elsewhere it changes nothing."""
     if device.type != "cuda":
         yield
         return
     kept = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
-        yield
+        with sdpa_kernel(PLANLESS_ATTENTION):
+            yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = kept
 

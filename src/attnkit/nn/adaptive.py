@@ -152,8 +152,10 @@ class AdaptiveLogSoftmax(_Clustered):
     def nll(self, h: torch.Tensor, words: AdaptiveEmbedding, targets: torch.Tensor) -> torch.Tensor:
         """h (..., D), targets (...) -> -log p(target | h) (...), without building (..., V)."""
         flat, y = h.reshape(-1, h.size(-1)), targets.reshape(-1)  # (N, D), (N,)
-        cluster = self.cluster_of(y)
-        head_target = torch.where(cluster == 0, y, self.bounds[1] + cluster - 1)  # a tail word: its cluster's logit
+        head_target = y  # the full softmax's: no clusters to look up (Triton cannot compile a bucketize over none)
+        if self.n_clusters > 1:
+            cluster = self.cluster_of(y)
+            head_target = torch.where(cluster == 0, y, self.bounds[1] + cluster - 1)  # a tail word: its cluster's logit
         nll = F.cross_entropy(_fp32(self.head_logits(flat, words)), head_target, reduction="none")  # (N,)
         for i in range(1, self.n_clusters):
             rows = self.members(cluster, i)  # (N_i,)

@@ -30,7 +30,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_c
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
-from attnkit.runtime import resolve_device, seed_everything, tf32_products
+from attnkit.runtime import resolve_device, seed_everything, training_kernels
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.schedules import make_schedule
@@ -176,10 +176,10 @@ class TrainerBase:
 
     # --- the loop and its interruption ------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        """Train until the budget is spent (see `run`), with TF32 products on CUDA; SIGINT / SIGTERM save `last`, then
-        raise Interrupted."""
+        """Train until the budget is spent (see `run`), with `training_kernels` on CUDA; SIGINT / SIGTERM save `last`,
+        then raise Interrupted."""
         try:
-            with self.stop_on_signals(), tf32_products(self.device):
+            with self.stop_on_signals(), training_kernels(self.device):
                 result = self.run()
             self.dist.barrier()  # ranks tear the process group down together, none while another still talks
             return result
