@@ -26,6 +26,7 @@ from attnkit.train.losses import label_smoothed_nll
 from attnkit.train.trainer import Trainer
 from conftest import tiny_model_config, tiny_run_config
 from test_decode import Uncached
+from test_parts import SWITCHES
 from test_rnn import IDS, VARIANTS
 from test_rnn import model as rnn_model
 from test_rnn import sources as rnn_sources
@@ -66,10 +67,8 @@ def on(device: torch.device, module: torch.nn.Module) -> torch.nn.Module:
 
 
 # --- the encoder-decoder -------------------------------------------------------------------------
-LAYERS = {  # every layer the config can build: post- and pre-LN, each part of the parts table switched, positions
-    "post-ln": {}, "pre-ln": dict(norm_first=True), "no-residual": dict(residual=False), "no-ffn": dict(ffn=False),
-    "no-wo": dict(output_projection=False), "shared-qk": dict(shared_qk=True), "no-scale": dict(scale_scores=False),
-    "batch-norm": dict(norm="batch"), "batch-norm-pre-ln": dict(norm="batch", norm_first=True),
+LAYERS = {  # every layer the config can build: test_parts.SWITCHES, then pre-LN, no W^O and the positions
+    **SWITCHES, "pre-ln": dict(norm_first=True), "no-wo": dict(output_projection=False),
     "learned-positions": dict(positions="learned"), "no-positions": dict(positions="none"),
     "shaw-positions": dict(positions="shaw", relative_clip=3),
 }
