@@ -156,13 +156,13 @@ def test_unknown_config_keys_and_presets_get_a_did_you_mean(capsys, tmp_path, tr
 def test_the_overrides_message_names_the_verbs_that_take_them(capsys, trained):
     takers = verbs_taking_overrides(build_parser()[0])
     assert takers == ["demo", "train", "lm train", "lm speed", "plot schedule", "experiment compare",
-                      "experiment heads", "experiment parts", "experiment lm-ablation", "experiment xl-table6",
-                      "experiment recl", "experiment planted-recall"]
+                      "experiment heads", "experiment parts", "experiment ancestors", "experiment lm-ablation",
+                      "experiment xl-table6", "experiment recl", "experiment planted-recall"]
     ckpt = trained[1] / "checkpoints" / "last.safetensors"
     assert error(capsys, "translate", "--checkpoint", ckpt, "--train.lr=1") == (
         "attnkit: error: config overrides (--train.lr=1) apply only to: demo, train, lm train, lm speed, "
-        "plot schedule, experiment compare, experiment heads, experiment parts, experiment lm-ablation, "
-        "experiment xl-table6, experiment recl, experiment planted-recall")
+        "plot schedule, experiment compare, experiment heads, experiment parts, experiment ancestors, "
+        "experiment lm-ablation, experiment xl-table6, experiment recl, experiment planted-recall")
     code, _, err = run(capsys, "plot", "schedule", "--out", trained[1] / "s.png", "--train.warmup=50")
     assert code == 0, err
 

@@ -34,7 +34,7 @@ def test_heads_trains_each_count_at_equal_d_model_and_tabulates_bleu(tmp_path, d
 def test_parts_trains_each_row_for_the_same_updates_with_its_one_change(tmp_path, data_dir, capsys):
     """`attnkit experiment parts`: each row is the preset with exactly its part's switch, every row the same updates
     and no time limit."""
-    from attnkit.experiments.parts import PARTS
+    from attnkit.experiments.rows import PARTS
 
     out, parts = tmp_path / "parts", ["paper", "no-residual", "no-ffn", "shared-qk", "no-scale", "no-positions"]
     argv = ["experiment", "parts", "--data", data_dir, "--out", out, "--parts", *parts, "--updates", "3", "--quiet",
@@ -55,3 +55,41 @@ def test_parts_trains_each_row_for_the_same_updates_with_its_one_change(tmp_path
     assert main(["experiment", "parts", "--data", str(data_dir), "--out", str(out), "--updates", "3", "--minutes",
                  "2"]) == 2
     assert "the one budget" in capsys.readouterr().err
+
+
+def test_ancestors_trains_each_row_as_its_preset_and_overrides_for_the_same_updates(tmp_path, data_dir, capsys):
+    """`attnkit experiment ancestors`: each row is exactly its preset with its own overrides (after the shared ones),
+    every row the same updates and no time limit; Luong's rows differ in the scoring function alone. The Transformer
+    row takes other size overrides than the RNNs, so this run trains the RNN rows and checks the Transformer's
+    preset apart."""
+    from attnkit import config as cfgmod
+    from attnkit.experiments.rows import ANCESTORS
+
+    rows = [row for row in ANCESTORS if ANCESTORS[row][1] != "multi30k"]
+    shared = ["--model.embed_dim=8", "--model.hidden=16", "--model.attention_dim=8", "--train.max_tokens=400",
+              "--train.device=cpu", "--train.eval_bleu=false"]
+    out = tmp_path / "ancestors"
+    argv = ["experiment", "ancestors", "--data", data_dir, "--out", out, "--rows", *rows, "--updates", "2", "--quiet",
+            *shared, "--max-len-b", "4"]
+    assert main(argv) == 0, capsys.readouterr().err
+    with open(out / "ancestors.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [(r["row"], r["preset"], r["steps"]) for r in table] == [(row, ANCESTORS[row][1], "2") for row in rows]
+    assert all(r["dev_bleu"] != "" and r["test_bleu"] != "" for r in table)
+    models = {}
+    for row in rows:
+        config = load_checkpoint(out / row / "checkpoints" / "last.safetensors").config
+        preset, own = ANCESTORS[row][1:]
+        expected = cfgmod.resolve([preset], [o.removeprefix("--") for o in shared] + list(own))
+        vocab = {k: v for k, v in vars(config.model).items() if k.endswith("_vocab_size")}  # set from the data
+        assert vars(config.model) == {**vars(expected.model), **vocab}, row
+        assert config.train.max_steps == 2 and config.train.max_minutes == 0
+        models[row] = vars(config.model)
+    luong = [models[row] for row in rows if row.startswith("luong-")]
+    assert [m["score"] for m in luong] == ["dot", "general", "concat", "cosine"]
+    assert all({k for k in m if m[k] != luong[0][k]} == {"score"} for m in luong[1:])
+    assert models["hard-gumbel"]["estimator"] == "gumbel" and models["hard-reinforce"]["estimator"] == "reinforce"
+    assert cfgmod.resolve([ANCESTORS["transformer"][1]]).model.kind == "transformer"
+    assert (out / "ancestors.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["experiment", "ancestors", "--data", str(data_dir), "--out", str(out), "--updates", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err

@@ -4,6 +4,7 @@
     attnkit experiment by-length --data DIR --out DIR --checkpoints RUN1/checkpoints/best.safetensors ...
     attnkit experiment heads --data DIR --out DIR --preset transformer-small --heads 1 2 4 8 --minutes 15
     attnkit experiment parts --data DIR --out DIR --preset multi30k --updates 3000
+    attnkit experiment ancestors --data DIR --out DIR --updates 1500
     attnkit experiment lm-ablation --data wikitext-2 --out DIR --minutes-per-model 30
     attnkit experiment xl-table6 --data wikitext-2 --out DIR --updates 4000
     attnkit experiment recl --data wikitext-2 --out DIR --updates 4000
@@ -26,6 +27,7 @@ from attnkit.errors import AttnkitError
 def add_parsers(sub) -> dict[str, Callable]:
     p = sub.add_parser("experiment", help="compare model families: compare (same budget), by-length (BLEU per "
                                           "length), heads (1..8 heads), parts (one part taken away per row), "
+                                          "ancestors (fixed vector, RNN attentions, Transformer), "
                                           "lm-ablation (recurrence x positions), "
                                           "xl-table6, recl, planted-recall (Transformer-XL's claims)")
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
@@ -60,6 +62,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_decode_options(b)
     _add_heads(ex)
     _add_parts(ex)
+    _add_ancestors(ex)
     _add_lm_ablation(ex)
     _add_xl_table6(ex)
     _add_recl(ex)
@@ -90,7 +93,7 @@ def _add_heads(ex) -> None:
 
 
 def _add_parts(ex) -> None:
-    from attnkit.experiments.parts import PARTS
+    from attnkit.experiments.rows import PARTS
 
     p = ex.add_parser("parts", help="one preset with one part of the paper's model taken away per row (residual, FFN, "
                                     "W^O, separate keys, sqrt(d_k), positions); equal updates; dev/test BLEU")
@@ -101,9 +104,29 @@ def _add_parts(ex) -> None:
     p.add_argument("--preset", default="transformer-small", metavar="PRESET|FILE", help="the model every row trains")
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS), metavar="PART",
                    help=f"rows: {', '.join(PARTS)} (default: all)")
-    p.add_argument("--updates", type=int, help="the same number of updates for every row, without a time limit "
-                                               "(default: the preset's budget)")
+    _add_row_updates(p, "the preset's budget")
     _add_budget_options(p, "the preset's")
+
+
+def _add_ancestors(ex) -> None:
+    from attnkit.experiments.rows import ANCESTORS
+
+    a = ex.add_parser("ancestors", help="the fixed-vector RNN, Bahdanau, Luong (dot, general, concat, cosine), hard "
+                                        "attention (REINFORCE, Gumbel) and the Transformer; equal updates; dev/test "
+                                        "BLEU")
+    a.set_defaults(trains=True, run=cmd_ancestors)
+    add_overrides(a)
+    a.add_argument("--data", required=True, help="folder written by `attnkit prepare` (e.g. Multi30k)")
+    a.add_argument("--out", required=True, help="folder for the runs (OUT/<row>), ancestors.{csv,md,png}")
+    a.add_argument("--rows", nargs="+", default=list(ANCESTORS), choices=list(ANCESTORS), metavar="ROW",
+                   help=f"rows: {', '.join(ANCESTORS)} (default: all)")
+    _add_row_updates(a, "each preset's budget")
+    _add_budget_options(a, "each preset's")
+
+
+def _add_row_updates(p, default: str) -> None:
+    p.add_argument("--updates", type=int, help=f"the same number of updates for every row, without a time limit "
+                                               f"(default: {default})")
 
 
 def _add_lm_ablation(ex) -> None:
@@ -276,6 +299,15 @@ def cmd_parts(args: argparse.Namespace, overrides: list[str]) -> None:
                   progress=not args.quiet)
     print((Path(args.out) / "parts.md").read_text(encoding="utf-8"), end="")
     print(f"wrote {args.out}/parts.csv, parts.md, parts.png ({len(args.parts)} models)")
+
+
+def cmd_ancestors(args: argparse.Namespace, overrides: list[str]) -> None:
+    from attnkit.experiments.compare import compare_ancestors
+
+    compare_ancestors(args.rows, args.data, args.out, updates=args.updates, overrides=overrides, minutes=args.minutes,
+                      options=decode_options(args), force=args.force, reuse=args.reuse, progress=not args.quiet)
+    print((Path(args.out) / "ancestors.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {args.out}/ancestors.csv, ancestors.md, ancestors.png ({len(args.rows)} models)")
 
 
 def cmd_lm_ablation(args: argparse.Namespace, overrides: list[str]) -> None:

@@ -10,7 +10,8 @@ with the same resolved config and data (`attnkit.experiments.runs`), so a rerun 
 (d_k = d_v = d_model / h, so the parameters stay: Vaswani et al. 2017, table 3, rows A) and writes `heads.*`.
 `attnkit experiment parts` runs it over one preset with one part of the paper's model taken away in each row
 (`PARTS`: the residual connections, the FFN, W^O, separate keys, the 1 / sqrt(d_k) scale, the positions) and
-writes `parts.*`.
+writes `parts.*`; `attnkit experiment ancestors` over the fixed vector, the RNN attentions and the Transformer
+(`ANCESTORS`) and writes `ancestors.*`. Both give every row the same number of updates with `updates`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from attnkit.data.dataset import data_languages
 from attnkit.decode import DecodeOptions, Translator, score_targets
 from attnkit.errors import AttnkitError
 from attnkit.eval import translate_and_score
-from attnkit.experiments.parts import PARTS
+from attnkit.experiments.rows import ANCESTORS, PARTS
 from attnkit.experiments.runs import clear_run, record_run, refuse_other_run, run_identity
 from attnkit.experiments.tables import cell, write_table
 from attnkit.nn import prepacked
@@ -164,19 +165,40 @@ def compare_parts(preset: str, parts: Sequence[str], data_dir: str | Path, out_d
     """`preset` with one part of the paper's model taken away per row (OUT/<part>, `PARTS`), trained and scored as
     `compare_models` does (same keywords); `updates` gives every row the same number of updates and no time limit.
     Writes parts.{csv,md,png}."""
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown or len(set(parts)) != len(parts) or not parts:
-        raise AttnkitError(f"experiment parts: {', '.join(parts) or 'no parts'}: name each of {', '.join(PARTS)} "
-                           "at most once")
-    if updates is not None and (updates < 1 or kw.get("minutes") is not None):
-        raise AttnkitError(f"experiment parts: --updates {updates} must be at least 1, and the one budget (without "
-                           "--minutes)")
-    budget = () if updates is None else (f"train.max_steps={updates}", "train.max_minutes=0")
+    budget = _rows_budget("parts", parts, PARTS, updates, kw.get("minutes"))
     specs = [ModelSpec(part, preset, (*PARTS[part][1], *budget)) for part in parts]
     results = compare_specs(specs, data_dir, out_dir, **kw)
     _tabulate(results, Path(out_dir), "parts", ["part", "what changes"], [[p, PARTS[p][0]] for p in parts],
               f"{preset}: one part taken away per row, " + ("same budget" if updates is None else f"{updates} updates"))
     return results
+
+
+def compare_ancestors(rows: Sequence[str], data_dir: str | Path, out_dir: str | Path, *, updates: int | None = None,
+                      **kw) -> list[ModelResult]:
+    """The fixed-vector encoder-decoder, the RNN attentions and the Transformer (OUT/<row>, `ANCESTORS`: each row a
+    preset and its overrides), trained and scored as `compare_models` does (same keywords); `updates` gives every row
+    the same number of updates and no time limit. Writes ancestors.{csv,md,png}."""
+    budget = _rows_budget("ancestors", rows, ANCESTORS, updates, kw.get("minutes"))
+    specs = [ModelSpec(row, ANCESTORS[row][1], (*ANCESTORS[row][2], *budget)) for row in rows]
+    results = compare_specs(specs, data_dir, out_dir, **kw)
+    budget_name = "same budget" if updates is None else f"{updates} updates"
+    _tabulate(results, Path(out_dir), "ancestors", ["row", "model", "preset"],
+              [[row, *ANCESTORS[row][:2]] for row in rows], f"from the fixed vector to the Transformer, {budget_name}")
+    return results
+
+
+def _rows_budget(experiment: str, rows: Sequence[str], known: dict, updates: int | None, minutes: float | None
+                 ) -> tuple[str, ...]:
+    """The overrides that give every row of a one-change-per-row table `updates` updates and no time limit (none
+    without `updates`: each preset's budget), after refusing rows it does not know or names twice."""
+    unknown = [row for row in rows if row not in known]
+    if unknown or len(set(rows)) != len(rows) or not rows:
+        raise AttnkitError(f"experiment {experiment}: {', '.join(rows) or 'no rows'}: name each of "
+                           f"{', '.join(known)} at most once")
+    if updates is not None and (updates < 1 or minutes is not None):
+        raise AttnkitError(f"experiment {experiment}: --updates {updates} must be at least 1, and the one budget "
+                           "(without --minutes)")
+    return () if updates is None else (f"train.max_steps={updates}", "train.max_minutes=0")
 
 
 def _tabulate(results: list[ModelResult], out_dir: Path, name: str, lead_header: list[str], lead: list[list],
