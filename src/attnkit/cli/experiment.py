@@ -4,13 +4,13 @@
     attnkit experiment by-length --data DIR --out DIR --checkpoints RUN1/checkpoints/best.safetensors ...
     attnkit experiment heads --data DIR --out DIR --preset transformer-small --heads 1 2 4 8 --minutes 15
     attnkit experiment parts --data DIR --out DIR --preset multi30k --updates 3000
-    attnkit experiment ancestors --data DIR --out DIR --updates 1500
+    attnkit experiment ancestors --data DIR --out DIR --updates 1000
     attnkit experiment lm-ablation --data wikitext-2 --out DIR --minutes-per-model 30
     attnkit experiment xl-table6 --data wikitext-2 --out DIR --updates 4000
     attnkit experiment recl --data wikitext-2 --out DIR --updates 4000
     attnkit experiment planted-recall --data tiny-shakespeare --out DIR --updates 2000
 
-The logic lives in attnkit.experiments (compare, by_length, lm_ablation, xl_table6, recl_groups, planted_recall);
+The logic lives in attnkit.experiments (compare, rows, by_length, lm_ablation, xl_table6, recl_groups, planted_recall);
 this module only parses.
 """
 
