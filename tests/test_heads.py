@@ -93,3 +93,6 @@ def test_ancestors_trains_each_row_as_its_preset_and_overrides_for_the_same_upda
     assert (out / "ancestors.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["experiment", "ancestors", "--data", str(data_dir), "--out", str(out), "--updates", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+    assert main(["experiment", "ancestors", "--data", str(data_dir), "--out", str(out), "--rows", "transformer",
+                 "--model.hidden=8"]) == 2  # an RNN field among the shared overrides: the row it does not fit is named
+    assert "transformer (multi30k): unknown config key 'model.hidden'" in capsys.readouterr().err

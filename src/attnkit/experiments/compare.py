@@ -28,7 +28,7 @@ from attnkit import config as cfgmod
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, read_lines
 from attnkit.data.dataset import data_languages
 from attnkit.decode import DecodeOptions, Translator, score_targets
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, ConfigError
 from attnkit.eval import translate_and_score
 from attnkit.experiments.rows import ANCESTORS, PARTS
 from attnkit.experiments.runs import clear_run, record_run, refuse_other_run, run_identity
@@ -96,7 +96,10 @@ def _check_run(preset: str, overrides: list[str], data_dir: Path, run_dir: Path,
                ) -> tuple[cfgmod.RunConfig, dict, bool]:
     """(config, identity, whether to train) of one model, refusing a run in `run_dir` that neither `force` (train
     anew) nor `reuse` (evaluate it, when it has these settings and data: `attnkit.experiments.runs`) allows."""
-    cfg = cfgmod.resolve([preset], overrides)
+    try:
+        cfg = cfgmod.resolve([preset], overrides)
+    except ConfigError as e:  # shared overrides reach every model: say which one they do not fit
+        raise ConfigError(f"{run_dir.name} ({preset}): {e}") from e
     identity = run_identity(cfg, data_dir)
     last = run_dir / "checkpoints" / "last.safetensors"
     if last.exists() and reuse and not force:
@@ -195,9 +198,11 @@ def _rows_budget(experiment: str, rows: Sequence[str], known: dict, updates: int
     if unknown or len(set(rows)) != len(rows) or not rows:
         raise AttnkitError(f"experiment {experiment}: {', '.join(rows) or 'no rows'}: name each of "
                            f"{', '.join(known)} at most once")
-    if updates is not None and (updates < 1 or minutes is not None):
-        raise AttnkitError(f"experiment {experiment}: --updates {updates} must be at least 1, and the one budget "
-                           "(without --minutes)")
+    if updates is not None and updates < 1:
+        raise AttnkitError(f"experiment {experiment}: --updates {updates}: must be at least 1")
+    if updates is not None and minutes is not None:
+        raise AttnkitError(f"experiment {experiment}: --updates {updates} and --minutes {minutes}: give the one budget "
+                           "every row shares, not both")
     return () if updates is None else (f"train.max_steps={updates}", "train.max_minutes=0")
 
 
