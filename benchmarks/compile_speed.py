@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from train_profile import RECIPES, recipe_arguments, recipe_trainer, write_results
+from train_profile import RECIPES, as_attnkit_train, recipe_arguments, recipe_trainer, write_results
 
 
 def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool, overrides: list[str]
@@ -86,7 +85,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="config overrides for every recipe and setting (train.device=cuda: on a GPU)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    as_attnkit_train()
     rows = [measure(r, args.scratch, args.warmup, args.steps, args.set) for r in args.recipes]
     write_results(args.out, "compile", rows, table(rows))
 

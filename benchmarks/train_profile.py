@@ -9,7 +9,11 @@ category that its name, or the name of the nearest enclosing range, matches (CAT
 the optimizer's ranges are named by the code (`label_smoothed_nll` is wrapped here, torch names `Optimizer.step`);
 backward operators sit under autograd's node of the forward operator (e.g. `MmBackward0`). "Python and the rest" is
 the wall time of the steps that no operator accounts for: the interpreter, the batches' assembly, the profiler's
-own cost. Writes OUT/train-profile.md and .json.
+own cost. Then a few updates under torch's FLOP counter (matrix products, attention and the LSTM's fused cells, forward
+and backward) and as many plain ones as were profiled, timed: the step's rate in GFLOP/s beside
+the machine's matmul peak in the recipe's precision (the faster of a 1024³ and a 2048³ product), measured in the same
+process. The process is set up as `attnkit train` sets up its own (`as_attnkit_train`). Writes OUT/train-profile.md
+and .json.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.utils.flop_counter import FlopCounterMode
 
 from attnkit import config as cfgmod
+from attnkit import runtime
+from attnkit.bench.measure import CPU_ATTENTION_FLOPS, matmul_rate
 from attnkit.demo import PRESETS as DEMO_PRESETS
 from attnkit.train import trainer as seq2seq_trainer
 from attnkit.train.lm_trainer import LMTrainer
@@ -71,6 +78,22 @@ PREPARE = {
 }
 
 
+def _lstm_layer_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
+    """One LSTM layer's products over the sequence (the counter hands over shapes): the four gates from the input and
+    from the state, 2 FLOPs a multiply-add; (B, T, I) or (T, B, I) alike."""
+    gates, width = w_ih
+    return 2 * input[0] * input[1] * gates * (width + w_hh[1])
+
+
+def _lstm_layer_backward_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
+    return 2 * _lstm_layer_flops(input, w_ih, w_hh)  # the input's and the weights' gradients
+
+
+# torch's FLOP counter knows no recurrent kernel: the LSTM's fused cells (oneDNN's) counted here
+FLOPS = {**CPU_ATTENTION_FLOPS, torch.ops.aten.mkldnn_rnn_layer: _lstm_layer_flops,
+         torch.ops.aten.mkldnn_rnn_layer_backward: _lstm_layer_backward_flops}
+
+
 def prepared(name: str, scratch: Path) -> Path:
     """The recipe's data folder, prepared once."""
     out = scratch / name
@@ -109,19 +132,29 @@ def recipe_trainer(recipe: str, scratch: Path, updates: int, *overrides: str) ->
     return LMTrainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
 
 
-def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int) -> dict:
-    trainer = recipe_trainer(recipe, scratch, warmup + steps + 1)
+def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int, counted: int = 3) -> dict:
+    """`warmup` updates, `steps` under the profiler, `counted` under torch's FLOP counter, then `steps` plain ones
+    timed: the category shares come from the profiled steps, the rate (GFLOP/s) from the plain ones."""
+    trainer = recipe_trainer(recipe, scratch, warmup + 1 + 2 * steps + counted + 1)
     cfg, preset = trainer.cfg, RECIPES[recipe][1]
-    step, walls, tokens = trainer.train_step, [], []
+    step, walls, tokens, flops = trainer.train_step, [], [], []
+    plain = warmup + 1 + steps + counted  # the first plain timed update
     plan = schedule(wait=warmup, warmup=1, active=steps, repeat=1)
     with profile(activities=[ProfilerActivity.CPU], schedule=plan) as prof:
         def timed_step(*args):
+            n = len(walls)
             start = time.perf_counter()
-            stats = step(*args)
-            if len(walls) < warmup + 1 + steps:
+            if plain - counted <= n < plain:
+                with FlopCounterMode(display=False, custom_mapping=FLOPS) as counter:
+                    stats = step(*args)
+                flops.append((counter.get_total_flops(), stats.get("tokens", 0)))
+            else:
+                stats = step(*args)
+            if n < plain + steps:
                 walls.append(time.perf_counter() - start)
                 tokens.append(stats.get("tokens", 0))
-            prof.step()
+            if n <= warmup + steps:
+                prof.step()
             return stats
 
         trainer.train_step = timed_step
@@ -134,10 +167,16 @@ def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int) -> dict:
             by_category[name] += event.self_cpu_time_total / 1e6  # seconds
             if name == "other operators":
                 others[event.name] += event.self_cpu_time_total / 1e6
-    wall = sum(walls[warmup + 1 :])
+    wall = sum(walls[warmup + 1 : warmup + 1 + steps])
     by_category["Python and the rest"] = max(0.0, wall - sum(by_category.values()))
+    flop_per_token = sum(f for f, _ in flops) / sum(t for _, t in flops)
+    tok_s = sum(tokens[plain:]) / sum(walls[plain:])
+    peak = max(matmul_rate(n, torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32, 5)
+               for n in (1024, 2048))
     return {"recipe": recipe, "preset": preset, "dtype": cfg.train.dtype, "steps": steps,
-            "step_ms": 1e3 * wall / steps, "tokens_per_step": sum(tokens[warmup + 1 :]) / steps,
+            "step_ms": 1e3 * wall / steps, "tokens_per_step": sum(tokens[warmup + 1 :]) / (len(tokens) - warmup - 1),
+            "plain_tok_s": tok_s, "mflop_per_token": flop_per_token / 1e6, "gflop_s": flop_per_token * tok_s / 1e9,
+            "peak_gflop_s": peak,
             "shares": {k: v / wall for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
             "other_operators": {k: v / wall for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:8]}}
 
@@ -160,7 +199,22 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         shares = " | ".join(f"{100 * r['shares'].get(n, 0.0):.1f}%" for n in names)
         out.append(f"| `{r['preset']}` | {r['dtype']} | {r['step_ms']:,.0f} | {r['tokens_per_step']:,.0f} | {shares} |")
+    out += ["", "| recipe | precision | tok/s (unprofiled) | MFLOP a token | GFLOP/s | matmul peak GFLOP/s "
+            "| of the peak |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| `{r['preset']}` | {r['dtype']} | {r['plain_tok_s']:,.0f} | {r['mflop_per_token']:.1f} | "
+                   f"{r['gflop_s']:.1f} | {r['peak_gflop_s']:.1f} | {100 * r['gflop_s'] / r['peak_gflop_s']:.0f}% |")
     return "\n".join(out) + "\n"
+
+
+def as_attnkit_train() -> None:
+    """This process set up as `attnkit train` sets up its own: 2 threads, glibc keeping freed memory for reuse and
+    oneDNN's kernel caches off (`attnkit.cli.main.tune_process`); without them a step's fresh large tensors cost page
+    faults the recipes never pay (the chunked loss's exp took 1.7 ms a chunk instead of 0.6)."""
+    torch.set_num_threads(2)
+    runtime.keep_freed_memory()
+    runtime.bound_kernel_caches()
 
 
 def recipe_arguments(ap: argparse.ArgumentParser) -> None:
@@ -185,7 +239,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    as_attnkit_train()
     _wrap_loss()
     rows = [profile_recipe(r, args.scratch, args.warmup, args.steps) for r in args.recipes]
     write_results(args.out, "train-profile", rows, table(rows))
