@@ -210,8 +210,8 @@ def table(rows: list[dict]) -> str:
 
 def as_attnkit_train() -> None:
     """This process set up as `attnkit train` sets up its own: 2 threads, glibc keeping freed memory for reuse and
-    oneDNN's kernel caches off (`attnkit.cli.main.tune_process`); without them a step's fresh large tensors cost page
-    faults the recipes never pay (the chunked loss's exp took 1.7 ms a chunk instead of 0.6)."""
+    oneDNN's kernel caches kept small (`attnkit.cli.main.tune_process`); without them a step's fresh large tensors
+    cost page faults the recipes never pay (the chunked loss's exp took 1.7 ms a chunk instead of 0.6)."""
     torch.set_num_threads(2)
     runtime.keep_freed_memory()
     runtime.bound_kernel_caches()

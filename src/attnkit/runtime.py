@@ -93,21 +93,26 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
+KERNEL_CACHE = 32  # oneDNN primitives kept by the verbs that train
+
+
 def bound_kernel_caches() -> None:
-    """Keep oneDNN from caching a kernel per tensor shape: flat memory when shapes keep changing.
+    """Keep oneDNN's kernel caches small: flat memory when shapes keep changing, and the reuse within a step kept.
 
     Under bf16 autocast on a CPU, PyTorch runs matmuls through oneDNN, which builds a "primitive" (a kernel
     specialised to the exact shapes) for each new shape and keeps up to 1,024 of them, and ideep keeps
     another 1,024 of its own. Token-budget batches have a new (sentences, source length, target length)
-    almost every step, about 27 primitives each, so the caches never hit and only churn: on the Multi30k
-    preset the resident memory grew past 5 GB in minutes while the tensors in use stayed under 0.3 GB.
-    With both caches off it stays under 1 GB, and the steps are no slower (the cache never hit anyway).
+    almost every step, about 27 primitives each, so the default caches only grow: on the Multi30k preset
+    the resident memory passed 5 GB in minutes while the tensors in use stayed under 0.3 GB. A step still
+    reuses each of its shapes (every layer's products share them, forward and backward): with oneDNN's cache
+    at 32 primitives the preset made 1,438 updates in 10 minutes against 1,257 with no cache, for ~70 MB more
+    (docs/speed.md); ideep's cache stays off.
 
     Like `keep_freed_memory` it is process-wide (environment variables read when oneDNN first runs), so
     the library never calls it: the `attnkit` command does for the verbs that train. A value already in
     the environment wins.
     """
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE))
     os.environ.setdefault("LRU_CACHE_CAPACITY", "1")  # ideep's cache of converted weights and primitives
 
 
