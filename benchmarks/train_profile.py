@@ -9,11 +9,11 @@ category that its name, or the name of the nearest enclosing range, matches (CAT
 the optimizer's ranges are named by the code (`label_smoothed_nll` is wrapped here, torch names `Optimizer.step`);
 backward operators sit under autograd's node of the forward operator (e.g. `MmBackward0`). "Python and the rest" is
 the wall time of the steps that no operator accounts for: the interpreter, the batches' assembly, the profiler's
-own cost. Then a few updates under torch's FLOP counter (matrix products, attention and the LSTM's fused cells, forward
-and backward) and as many plain ones as were profiled, timed: the step's rate in GFLOP/s beside
-the machine's matmul peak in the recipe's precision (the faster of a 1024³ and a 2048³ product), measured in the same
-process. The process is set up as `attnkit train` sets up its own (`as_attnkit_train`). Writes OUT/train-profile.md
-and .json.
+own cost. Then a few updates under torch's FLOP counter (matrix products, attention and the LSTM's fused cells,
+forward and backward) and as many plain ones as were profiled, timed: the step's rate in GFLOP/s beside the
+machine's matmul peak in the recipe's precision (`attnkit bench`'s: the fastest of a 1024³, 2048³ and 4096³
+product), measured in the same process. The process is set up as `attnkit train` sets up its own
+(`as_attnkit_train`). Writes OUT/train-profile.md and .json.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attnkit import config as cfgmod
 from attnkit import runtime
-from attnkit.bench.measure import CPU_ATTENTION_FLOPS, matmul_rate
+from attnkit.bench.measure import CPU_ATTENTION_FLOPS, matmul_peak
+from attnkit.bench.workloads import STANDARD
 from attnkit.demo import PRESETS as DEMO_PRESETS
 from attnkit.train import trainer as seq2seq_trainer
 from attnkit.train.lm_trainer import LMTrainer
@@ -171,8 +172,7 @@ def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int, counted:
     by_category["Python and the rest"] = max(0.0, wall - sum(by_category.values()))
     flop_per_token = sum(f for f, _ in flops) / sum(t for _, t in flops)
     tok_s = sum(tokens[plain:]) / sum(walls[plain:])
-    peak = max(matmul_rate(n, torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32, 5)
-               for n in (1024, 2048))
+    peak = matmul_peak(STANDARD, cfg.train.dtype)["gflop_s"]  # `attnkit bench`'s peak: 1024³-4096³, the fastest
     return {"recipe": recipe, "preset": preset, "dtype": cfg.train.dtype, "steps": steps,
             "step_ms": 1e3 * wall / steps, "tokens_per_step": sum(tokens[warmup + 1 :]) / (len(tokens) - warmup - 1),
             "plain_tok_s": tok_s, "mflop_per_token": flop_per_token / 1e6, "gflop_s": flop_per_token * tok_s / 1e9,
