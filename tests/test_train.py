@@ -345,3 +345,22 @@ def test_time_horizon_needs_cosine_and_a_budget():
         TrainConfig(schedule="noam", max_minutes=0, horizon="time", cooldown=0.1)
     with pytest.raises(ConfigError, match="steps or time"):
         LMTrainConfig(horizon="epochs")
+
+
+@pytest.mark.parametrize("decay_vectors", [True, False])
+def test_weight_decay_reaches_the_vectors_only_when_asked(tmp_path, data_dir, decay_vectors):
+    """One AdamW step with zero gradients is the decay alone: every matrix shrinks by lr * wd; the biases and the
+    LayerNorms' gains shrink too by default (fairseq's Adam) and stay as they are with decay_vectors false."""
+    cfg = tiny_run_config(max_steps=1, weight_decay=0.5, decay_vectors=decay_vectors)
+    trainer = Trainer(cfg, data_dir, tmp_path / "run", progress=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    for p in trainer.model.parameters():
+        p.grad = torch.zeros_like(p)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.1
+    trainer.optimizer.step()
+    kinds = {p.dim() >= 2 for p in before.values()}
+    assert kinds == {True, False}  # the model has both
+    for name, p in trainer.model.named_parameters():
+        decayed = p.dim() >= 2 or decay_vectors
+        torch.testing.assert_close(p.detach(), before[name] * (0.95 if decayed else 1.0), msg=name)

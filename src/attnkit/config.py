@@ -46,9 +46,8 @@ def _check_heads(cfg: Any, **choices: tuple[str, ...]) -> None:
 
 
 def _check_fractions(cfg: Any, *names: str) -> None:
-    for name in names:
-        if not 0.0 <= getattr(cfg, name) < 1.0:
-            raise ConfigError(f"model.{name} must be in [0, 1), not {getattr(cfg, name)}")
+    for name in (name for name in names if not 0.0 <= getattr(cfg, name) < 1.0):
+        raise ConfigError(f"model.{name} must be in [0, 1), not {getattr(cfg, name)}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,8 @@ class Optimisation:
     warmup: int = 4000
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW's decoupled decay
+    decay_vectors: bool = True  # decay biases and norms' gains too (fairseq); false: 2+-D parameters only (GPT-2)
     clip_norm: float = 0.0  # 0 = no clipping (the norm is still checked: a non-finite gradient skips the update)
     accumulate: int = 1  # batches (segments) per update
     max_steps: int = 0  # 0 = no limit; with cosine, the decay horizon
