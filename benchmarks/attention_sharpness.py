@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 import torch
+
 from attnkit.checkpoint import epoch_checkpoints, load_checkpoint, model_from
 from attnkit.data.batching import collate
 from attnkit.data.dataset import load_split
