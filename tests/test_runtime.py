@@ -51,3 +51,29 @@ def test_training_kernels_switch_on_cuda_only_and_give_the_host_its_switches_bac
         assert _kernel_switches() == host
     finally:
         _set_kernel_switches(*before)
+
+
+@pytest.mark.parametrize("flags, dtype, device, warns", [
+    ({"avx2", "fma"}, "bfloat16", "cpu", True),  # AVX2 only: emulated
+    ({"avx512f", "avx512bw", "avx512_vnni"}, "bfloat16", "cpu", True),  # AVX-512 without its BF16 extension
+    ({"avx512f", "avx512_bf16"}, "bfloat16", "cpu", False),
+    ({"amx_tile", "amx_bf16"}, "bfloat16", "cpu", False),
+    ({"fp", "asimd", "bf16"}, "bfloat16", "cpu", False),  # Arm with BF16
+    (set(), "bfloat16", "cpu", False),  # flags unknown (not Linux): no guess
+    ({"avx2"}, "float32", "cpu", False),
+    ({"avx2"}, "bfloat16", "cuda", False),  # the GPU's bf16, not the CPU's
+])
+def test_bf16_autocast_warns_only_where_the_cpu_lacks_bf16_instructions(monkeypatch, flags, dtype, device, warns):
+    from attnkit import runtime
+
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
+    message = runtime.emulated_bf16(torch.device(device), dtype)
+    assert bool(message) == warns
+    assert "\n" not in message
+
+
+def test_this_machines_flags_are_read():
+    from attnkit.runtime import cpu_flags
+
+    flags = cpu_flags()
+    assert not flags or {"avx2", "avx512f", "sse2", "fp", "asimd"} & flags  # x86 or Arm names, when Linux lists them

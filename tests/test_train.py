@@ -364,3 +364,13 @@ def test_weight_decay_reaches_the_vectors_only_when_asked(tmp_path, data_dir, de
     for name, p in trainer.model.named_parameters():
         decayed = p.dim() >= 2 or decay_vectors
         torch.testing.assert_close(p.detach(), before[name] * (0.95 if decayed else 1.0), msg=name)
+
+
+def test_bf16_training_on_a_cpu_without_bf16_instructions_says_so(tmp_path, data_dir, monkeypatch):
+    from attnkit import runtime
+
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx2", "fma"})
+    Trainer(tiny_run_config(max_steps=1, dtype="bfloat16"), data_dir, tmp_path / "bf16", progress=False).fit()
+    Trainer(tiny_run_config(max_steps=1), data_dir, tmp_path / "fp32", progress=False).fit()
+    assert "no bf16 instructions" in (tmp_path / "bf16" / "train.log").read_text()
+    assert "bf16" not in (tmp_path / "fp32" / "train.log").read_text()

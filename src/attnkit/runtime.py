@@ -7,6 +7,7 @@ import ctypes
 import functools
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,10 +33,34 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast when asked (CUDA, or CPUs with native bf16); float32 otherwise."""
+    """bf16 autocast when asked (on a CPU without bf16 instructions oneDNN emulates it: `emulated_bf16`); float32
+    otherwise."""
     if dtype == "bfloat16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (x86 `flags`, Arm `Features`; empty where /proc/cpuinfo is not)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return set(line.partition(":")[2].split())
+
+
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # AVX-512 BF16, AMX, Arm's BF16: products in bf16
+
+
+def emulated_bf16(device: torch.device, dtype: str) -> str:
+    """Why bf16 autocast may run slower than float32 here (one line), or "": on a CPU whose flags are known and show
+    none of BF16_FLAGS, oneDNN emulates bf16 products with float32 instructions plus conversions."""
+    flags = cpu_flags() if dtype == "bfloat16" and device.type == "cpu" else set()
+    if not flags or flags & BF16_FLAGS:
+        return ""
+    return ("train.dtype bfloat16: this CPU has no bf16 instructions (no avx512_bf16 / amx_bf16 flag), so autocast "
+            "emulates them and may train slower than --train.dtype=float32")
 
 
 # cuDNN's fused attention builds an execution plan for every new shape: ~140 ms each on an H200 (torch 2.11), and

@@ -13,11 +13,11 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from attnkit.errors import ConfigError
+from attnkit.runtime import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,6 @@ FAMILIES = {
 }
 ENGINE_VARIABLE = "ATTNKIT_QUANTIZED_ENGINE"  # read by the processes that run a family (`apply_engine`)
 SATURATING_VARIABLE = "ATTNKIT_INT8_SATURATING"  # "weights" or "inputs": the 7-bit side on saturating kernels
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux lists them (empty where /proc/cpuinfo is not there)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 def unavailable(name: str) -> str:

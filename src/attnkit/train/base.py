@@ -30,7 +30,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_c
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
-from attnkit.runtime import resolve_device, seed_everything, training_kernels
+from attnkit.runtime import emulated_bf16, resolve_device, seed_everything, training_kernels
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.schedules import make_schedule
@@ -112,8 +112,9 @@ class TrainerBase:
             return
         atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfgmod.to_dict(self.cfg), sort_keys=False))
         self.log = MetricsLog(self.run_dir, resume_step=self.state.step if resume else None)
-        for note in notes:
-            self.warn(note)
+        for note in [*notes, emulated_bf16(self.device, self.cfg.train.dtype)]:
+            if note:
+                self.warn(note)
 
     def warn(self, message: str) -> None:
         """A warning for the user now (stderr, between progress bars) and for train.log (rank 0 only)."""
