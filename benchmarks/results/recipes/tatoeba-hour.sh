@@ -3,13 +3,14 @@
 # another on an otherwise idle machine, each step's output and wall time / peak RSS (/usr/bin/time) in
 # benchmarks/results/recipes/tatoeba-DIR.*.log:
 #   bash benchmarks/results/recipes/tatoeba-hour.sh zh-en   # ~2 h 20 min on 2 cores: attnkit's hour, then fairseq's
+#   TAG=epyc bash benchmarks/results/recipes/tatoeba-hour.sh en-zh   # logs as tatoeba-en-zh-epyc.*: a second machine
 # 1. attnkit prepare (the preset's command), 2. attnkit train --config tatoeba-DIR (60 min), 3. benchmarks/tatoeba.py
 # (chooses on dev, scores dev and test), 4. benchmarks/fairseq_tatoeba.sh (the baseline's hour on the same data).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 dir=${1:?zh-en or en-zh}; src=${dir%-*}; tgt=${dir#*-}
 case "$dir" in zh-en|en-zh) ;; *) echo "usage: $0 zh-en|en-zh" >&2; exit 2 ;; esac
-D=../shared/data/tatoeba-cmn-eng; run=runs/tatoeba-$dir; logs=benchmarks/results/recipes/tatoeba-$dir
+D=../shared/data/tatoeba-cmn-eng; run=runs/tatoeba-$dir; logs=benchmarks/results/recipes/tatoeba-$dir${TAG:+-$TAG}
 export OMP_NUM_THREADS=2
 step() {  # NAME COMMAND...: the command's output and /usr/bin/time's figures in $logs.NAME.log
     local name=$1; shift
