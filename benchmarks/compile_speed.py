@@ -23,9 +23,9 @@ from train_profile import RECIPES, as_attnkit_train, recipe_arguments, recipe_tr
 
 
 def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool, overrides: list[str]
-                  ) -> tuple[list[float], list[int]]:
+                  ) -> tuple[list[float], list[int], str]:
     """Every update's wall time (s) and tokens, `updates` of them (an update ends with its loss read: on a GPU,
-    after its kernels ran)."""
+    after its kernels ran), and the precision trained in."""
     trainer = recipe_trainer(recipe, scratch, updates, *overrides, f"train.compile={str(compile_).lower()}")
     step, walls, tokens = trainer.train_step, [], []
 
@@ -38,21 +38,22 @@ def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool, over
 
     trainer.train_step = timed_step
     trainer.fit()
-    return walls[:updates], tokens[:updates]
+    return walls[:updates], tokens[:updates], trainer.cfg.train.dtype
 
 
 def measure(recipe: str, scratch: Path, warmup: int, steps: int, overrides: list[str]) -> dict:
     row: dict = {"recipe": recipe, "preset": RECIPES[recipe][1], "warmup": warmup, "steps": steps,
                  "overrides": overrides}
     for name, compile_ in (("eager", False), ("compiled", True)):
-        try:
-            walls, tokens = timed_updates(recipe, scratch, warmup + steps, compile_, overrides)
+        try:  # the compiled run in the precision the eager one trained in (a preset's `auto` chose it there)
+            walls, tokens, dtype = timed_updates(recipe, scratch, warmup + steps, compile_, overrides)
+            overrides = [*overrides, f"train.dtype={dtype}"]
         except Exception as e:  # noqa: BLE001 - a compiler failure is a result of this benchmark
             row[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
             print(f"{recipe} {name}: failed: {row[name]['error']}", file=sys.stderr, flush=True)
             return row
         steady = sum(walls[warmup:]) / steps  # s per update
-        row[name] = {"tok_s": sum(tokens[warmup:]) / sum(walls[warmup:]), "step_ms": 1e3 * steady,
+        row[name] = {"tok_s": sum(tokens[warmup:]) / sum(walls[warmup:]), "step_ms": 1e3 * steady, "dtype": dtype,
                      "warmup_s": sum(walls[:warmup]), "walls": walls}
         print(f"{recipe} {name}: {row[name]['tok_s']:,.0f} tok/s, warm-up {row[name]['warmup_s']:.1f} s",
               file=sys.stderr, flush=True)

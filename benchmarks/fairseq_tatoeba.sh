@@ -22,18 +22,23 @@
 #    tokenizer (zh for Chinese) against the raw references, cased and lowercased, chrF2, signatures:
 #    OUT/hyp/results.md and results.json.
 # A smoke run: HOURS=0.0167 LENPENS=1.0 benchmarks/fairseq_tatoeba.sh runs/fairseq-smoke
+# Another of the run's checkpoints, decoded and scored the same way into OUT/hyp-CKPT without training again:
+#   CKPT=checkpoint_last GENERATE_ONLY=1 DIR=en-zh benchmarks/fairseq_tatoeba.sh runs/fairseq-tatoeba-en-zh
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the repository root
 DIR=${DIR:-zh-en}; src=${DIR%-*}; tgt=${DIR#*-}
 HOURS=${HOURS:-1}
 VENV=${VENV:-runs/fairseq-venv}
 OUT=${1:-runs/fairseq-tatoeba-$DIR}
+CKPT=${CKPT:-checkpoint_best}  # fairseq's own choice (by dev loss); checkpoint_last: the end of the budget
+HYP=$OUT/hyp${CKPT#checkpoint_best}; HYP=${HYP/hypcheckpoint_/hyp-}  # OUT/hyp, or OUT/hyp-last
 LENPENS=${LENPENS:-0.6 0.8 1.0 1.2 1.4}  # benchmarks/multi30k.py's ALPHAS
 D=../shared/data/tatoeba-cmn-eng
 DATA=${DATA:-runs/tatoeba-$DIR/data}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 s=$(date +%s)
 
+if [ -z "${GENERATE_ONLY:-}" ]; then
 if [ ! -x "$VENV/bin/fairseq-train" ]; then
   python3 -m venv --system-site-packages "$VENV"
   "$VENV/bin/pip" install wheel cython "hydra-core==1.3.2" "omegaconf==2.3.0" bitarray regex scikit-learn cffi
@@ -77,12 +82,14 @@ rm -rf "$OUT/checkpoints"
   --save-dir "$OUT/checkpoints" --keep-last-epochs 5 --log-format simple --log-interval 100 --no-progress-bar \
   > "$OUT/train.log" 2>&1
 echo "trained $(( $(date +%s) - s )) s: $(grep -c 'end of epoch' "$OUT/train.log") epochs"
+fi
+mkdir -p "$HYP"
 
 generate() {  # SUBSET BEAM LENPEN OUTFILE: detokenised hypotheses in input order; prints the seconds it took
   local t0; t0=$(date +%s.%N)
   # fairseq 0.12 pickles argparse.Namespace into its checkpoints, which torch >= 2.6 refuses to load by default;
   # this file is the one fairseq-train wrote above
-  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$VENV/bin/fairseq-generate" "$OUT/bin" --path "$OUT/checkpoints/checkpoint_best.pt" --cpu --gen-subset "$1" \
+  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$VENV/bin/fairseq-generate" "$OUT/bin" --path "$OUT/checkpoints/$CKPT.pt" --cpu --gen-subset "$1" \
     --beam "$2" --lenpen "$3" --max-len-a 1.2 --max-len-b 10 --batch-size 128 --remove-bpe sentencepiece \
     --required-batch-size-multiple 1 2> /dev/null | grep '^D-' | sed 's/^D-//' | sort -n -k1,1 | cut -f3 > "$4"
   # (with its default multiple of 8, fairseq-generate silently leaves out the longest sentences past the last
@@ -96,18 +103,18 @@ dev_bleu() { attnkit evaluate --hyp "$1" --ref $D/dev.$tgt.gz --tgt-lang "$tgt" 
 
 best=""; best_bleu=-1
 for a in $LENPENS; do  # the length penalty, on dev only
-  generate valid 5 "$a" "$OUT/hyp/dev.beam5.lenpen$a.txt" > /dev/null
-  b=$(dev_bleu "$OUT/hyp/dev.beam5.lenpen$a.txt")
+  generate valid 5 "$a" "$HYP/dev.beam5.lenpen$a.txt" > /dev/null
+  b=$(dev_bleu "$HYP/dev.beam5.lenpen$a.txt")
   echo "dev beam-5 BLEU at lenpen $a: $b"
   if python3 -c "import sys; sys.exit(not float(sys.argv[1]) > float(sys.argv[2]))" "$b" "$best_bleu"; then
     best=$a; best_bleu=$b
   fi
 done
-echo "lenpen $best (chosen on dev)" | tee "$OUT/lenpen.txt"
+echo "lenpen $best (chosen on dev)" | tee "$HYP/lenpen.txt"
 for set in dev test; do
   subset=$([ $set = dev ] && echo valid || echo test)
-  echo "$set greedy: $(generate $subset 1 1.0 "$OUT/hyp/$set.greedy.txt") s, beam 5: $(generate $subset 5 "$best" \
-    "$OUT/hyp/$set.beam5.txt") s" | tee -a "$OUT/decode-times.txt"
+  echo "$set greedy: $(generate $subset 1 1.0 "$HYP/$set.greedy.txt") s, beam 5: $(generate $subset 5 "$best" \
+    "$HYP/$set.beam5.txt") s" | tee -a "$HYP/decode-times.txt"
 done
-python3 benchmarks/tatoeba.py --score "$OUT/hyp" --direction "$DIR"
+python3 benchmarks/tatoeba.py --score "$HYP" --direction "$DIR"
 echo "done $(( $(date +%s) - s )) s"

@@ -33,6 +33,7 @@ from attnkit.models import build_model
 from attnkit.runtime import emulated_bf16, resolve_device, seed_everything, training_kernels
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
+from attnkit.train.precision import Passes, choose_dtype, no_trace
 from attnkit.train.schedules import make_schedule
 
 MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
@@ -107,6 +108,7 @@ class TrainerBase:
         """Restore the newest good checkpoint when resuming, write the resolved config, open the logs."""
         self.state = self.state_class()
         notes = self.resume_from_newest() if resume else []
+        notes.append(self.settle_dtype())
         if not self.dist.is_main:
             self.log = NullLog()
             return
@@ -115,6 +117,26 @@ class TrainerBase:
         for note in [*notes, emulated_bf16(self.device, self.cfg.train.dtype)]:
             if note:
                 self.warn(note)
+
+    def settle_dtype(self) -> str:
+        """`train.dtype: auto` becomes the precision timed faster here (attnkit.train.precision), the probe's seconds
+        part of the budget; a resumed run keeps the one chosen at its start. Returns the line for train.log."""
+        t = self.cfg.train
+        if t.dtype != "auto":
+            return ""
+        if self.state.step:
+            dtype, line = self.resumed_dtype, f"train.dtype auto: {self.resumed_dtype}, as chosen at the run's start"
+        else:
+            with no_trace(self.model):
+                choice = choose_dtype(self.device, self.precision_passes(), self.dist.sum)
+            self.state.elapsed_s += choice.seconds
+            dtype, line = choice.dtype, choice.why
+        self.cfg = cfgmod.replace(self.cfg, train=cfgmod.replace(t, dtype=dtype))
+        return line
+
+    def precision_passes(self) -> Passes:
+        """Forward + backward over the run's first few batches in a given precision, no update (precision.Passes)."""
+        raise NotImplementedError
 
     def warn(self, message: str) -> None:
         """A warning for the user now (stderr, between progress bars) and for train.log (rank 0 only)."""
@@ -184,6 +206,7 @@ class TrainerBase:
         if ckpt.cuda_rng_state is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(ckpt.cuda_rng_state, self.device)
         self.state = self.state_class(**ckpt.train_state)
+        self.resumed_dtype = ckpt.config.train.dtype  # what `auto` chose at the run's start
         self.seed_rank(self.state.step)  # the checkpoint holds rank 0's generator
 
     # --- the loop and its interruption ------------------------------------------------------

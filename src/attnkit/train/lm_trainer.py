@@ -36,6 +36,7 @@ from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
+from attnkit.train.precision import PROBE_BATCHES, Passes
 
 
 @dataclass
@@ -106,6 +107,21 @@ class LMTrainer(TrainerBase):
         if self.state.segment >= len(self.streams):  # end of a pass: start again with an empty memory
             self.state.epoch, self.state.segment, self.mems = self.state.epoch + 1, 0, None
         return {"loss": total / n_tokens, "lr": lr, "tokens": n_tokens}
+
+    def precision_passes(self) -> Passes:
+        """Forward + backward of the first segments (the memory flowing through them), for `train.dtype: auto`."""
+        t = self.cfg.train
+        segments = [tuple(z[self.rows].to(self.device) for z in self.streams.batch(tau))
+                    for tau in range(min(PROBE_BATCHES, len(self.streams)))]  # (x, y), each (B, T)
+
+        def passes(dtype: str) -> None:
+            mems = None
+            for x, y in segments:
+                with autocast(self.device, dtype):
+                    nll, mems = self.model(x, mems, targets=y, mem_len=t.mem_len, clamp_len=t.clamp_len,
+                                           ext_len=t.ext_len)
+                nll.sum().backward()
+        return passes
 
     # --- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

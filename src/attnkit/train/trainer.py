@@ -37,6 +37,7 @@ from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
 from attnkit.train.losses import label_smoothed_nll
+from attnkit.train.precision import PROBE_BATCHES, Passes
 
 
 @dataclass
@@ -144,6 +145,20 @@ class Trainer(TrainerBase):
         total_loss, total_nll = self.dist.sum(total_loss, total_nll)  # every rank takes the same skip decision
         lr = self.apply_update(total_loss)
         return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "lr": lr, "tokens": n_tokens}
+
+    def precision_passes(self) -> Passes:
+        """Forward + backward of the first batches of epoch 0 (their real shapes), for `train.dtype: auto`."""
+        t = self.cfg.train
+        first = self.sampler.batches(0)[:PROBE_BATCHES]
+        batches = [b.to(self.device) for b in iterate_batches(self.train_split, first)]
+
+        def passes(dtype: str) -> None:
+            for batch in batches:
+                with autocast(self.device, dtype):
+                    logits, aux = training_forward(self.model, batch)  # (B, T, V)
+                loss, _ = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, PAD_ID)
+                (loss + aux).backward()
+        return passes
 
     # --- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
