@@ -31,7 +31,7 @@ HOURS=${HOURS:-1}
 VENV=${VENV:-runs/fairseq-venv}
 OUT=${1:-runs/fairseq-tatoeba-$DIR}
 CKPT=${CKPT:-checkpoint_best}  # fairseq's own choice (by dev loss); checkpoint_last: the end of the budget
-HYP=$OUT/hyp${CKPT#checkpoint_best}; HYP=${HYP/hypcheckpoint_/hyp-}  # OUT/hyp, or OUT/hyp-last
+HYP=$OUT/hyp; [ "$CKPT" = checkpoint_best ] || HYP=$OUT/hyp-${CKPT#checkpoint_}  # OUT/hyp, or OUT/hyp-last
 LENPENS=${LENPENS:-0.6 0.8 1.0 1.2 1.4}  # benchmarks/multi30k.py's ALPHAS
 D=../shared/data/tatoeba-cmn-eng
 DATA=${DATA:-runs/tatoeba-$DIR/data}

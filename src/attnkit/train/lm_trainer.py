@@ -95,10 +95,8 @@ class LMTrainer(TrainerBase):
         total = 0.0
         for i, (x, y) in enumerate(group):
             with self.dist.no_sync(self.train_model, sync=i == len(group) - 1):
-                with autocast(self.device, t.dtype):  # the per-token NLL (B, T): no (B, T, V) with an adaptive softmax
-                    nll, self.mems = self.train_model(x.to(self.device), self.mems, targets=y.to(self.device),
-                                                      mem_len=t.mem_len, clamp_len=t.clamp_len, ext_len=t.ext_len)
-                nll = nll.sum()
+                nll, self.mems = self.segment_nll(self.train_model, x.to(self.device), y.to(self.device), self.mems,
+                                                  t.dtype)
                 (nll / n_tokens).backward()  # DDP averages the ranks' per-token means
             total += nll.item()
         (total,) = self.dist.sum(total)
@@ -108,19 +106,24 @@ class LMTrainer(TrainerBase):
             self.state.epoch, self.state.segment, self.mems = self.state.epoch + 1, 0, None
         return {"loss": total / n_tokens, "lr": lr, "tokens": n_tokens}
 
+    def segment_nll(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: list[torch.Tensor] | None,
+                    dtype: str) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The summed NLL of segment x -> y (each (B, T)) in precision `dtype`, and the memory after it."""
+        t = self.cfg.train
+        with autocast(self.device, dtype):  # the per-token NLL (B, T): no (B, T, V) with an adaptive softmax
+            nll, mems = model(x, mems, targets=y, mem_len=t.mem_len, clamp_len=t.clamp_len, ext_len=t.ext_len)
+        return nll.sum(), mems
+
     def precision_passes(self) -> Passes:
         """Forward + backward of the first segments (the memory flowing through them), for `train.dtype: auto`."""
-        t = self.cfg.train
         segments = [tuple(z[self.rows].to(self.device) for z in self.streams.batch(tau))
                     for tau in range(min(PROBE_BATCHES, len(self.streams)))]  # (x, y), each (B, T)
 
         def passes(dtype: str) -> None:
             mems = None
             for x, y in segments:
-                with autocast(self.device, dtype):
-                    nll, mems = self.model(x, mems, targets=y, mem_len=t.mem_len, clamp_len=t.clamp_len,
-                                           ext_len=t.ext_len)
-                nll.sum().backward()
+                nll, mems = self.segment_nll(self.model, x, y, mems, dtype)
+                nll.backward()
         return passes
 
     # --- evaluation -------------------------------------------------------------------------

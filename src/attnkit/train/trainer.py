@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,26 +138,30 @@ class Trainer(TrainerBase):
         for i, batch in enumerate(batches):
             batch = batch.to(self.device)
             with self.dist.no_sync(self.train_model, sync=i == len(batches) - 1):
-                with autocast(self.device, t.dtype):
-                    logits, aux = self.train_model(batch)  # (B, T, V), summed auxiliary loss
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, PAD_ID)
+                loss, nll, aux = self.batch_losses(self.train_model, batch, t.dtype)
                 ((loss + aux) * self.dist.world / n_tokens).backward()
             total_loss, total_nll = total_loss + loss.item(), total_nll + nll.item()
         total_loss, total_nll = self.dist.sum(total_loss, total_nll)  # every rank takes the same skip decision
         lr = self.apply_update(total_loss)
         return {"loss": total_loss / n_tokens, "nll": total_nll / n_tokens, "lr": lr, "tokens": n_tokens}
 
+    def batch_losses(self, forward: Callable, batch: Batch, dtype: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
+        """The label-smoothed loss and the NLL (summed over target tokens) and the auxiliary loss of `batch` under
+        `forward(batch) -> (logits (B, T, V), aux)` in precision `dtype`."""
+        with autocast(self.device, dtype):
+            logits, aux = forward(batch)
+        loss, nll = label_smoothed_nll(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD_ID)
+        return loss, nll, aux
+
     def precision_passes(self) -> Passes:
         """Forward + backward of the first batches of epoch 0 (their real shapes), for `train.dtype: auto`."""
-        t = self.cfg.train
         first = self.sampler.batches(0)[:PROBE_BATCHES]
         batches = [b.to(self.device) for b in iterate_batches(self.train_split, first)]
 
         def passes(dtype: str) -> None:
             for batch in batches:
-                with autocast(self.device, dtype):
-                    logits, aux = training_forward(self.model, batch)  # (B, T, V)
-                loss, _ = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, PAD_ID)
+                loss, _, aux = self.batch_losses(lambda b: training_forward(self.model, b), batch, dtype)
                 (loss + aux).backward()
         return passes
 
@@ -173,9 +178,7 @@ class Trainer(TrainerBase):
         loss = nll = tokens = 0.0
         for batch in iterate_batches(self.valid_split, sampler.batches(0)):
             batch = batch.to(self.device)
-            with autocast(self.device, t.dtype):
-                logits = self.model(batch.src, batch.tgt_in)
-            l, n = label_smoothed_nll(logits, batch.tgt_out, t.label_smoothing, PAD_ID)
+            l, n, _ = self.batch_losses(lambda b: (self.model(b.src, b.tgt_in), 0.0), batch, t.dtype)
             loss, nll, tokens = loss + l.item(), nll + n.item(), tokens + batch.n_tokens
         metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 50))}
         if t.eval_bleu and (self.data_dir / "valid.src.txt").exists():
