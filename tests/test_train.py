@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 
@@ -15,6 +16,7 @@ from attnkit.errors import ConfigError
 from attnkit.models import Transformer
 from attnkit.train import losses
 from attnkit.train.losses import label_smoothed_nll, smoothed_targets
+from attnkit.train.metrics_log import MetricsLog
 from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
 from attnkit.train.trainer import Trainer
 from conftest import tiny_model_config, tiny_run_config
@@ -176,6 +178,23 @@ def test_training_reduces_loss_and_writes_the_run_folder(tmp_path, data_dir):
     for name in ("config.yaml", "metrics.csv", "train.log", "checkpoints/last.safetensors",
                  "checkpoints/best.safetensors"):
         assert (tmp_path / "run" / name).exists(), name
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    now, peak = ([float(r[k]) for r in rows] for k in ("rss_mb", "peak_rss_mb"))
+    # the high-water mark is never below the present (within the kernel's batched per-CPU page counts)
+    assert all(0 < a <= b + 4 for a, b in zip(now, peak, strict=True))
+    assert peak == sorted(peak)  # and never falls
+
+
+def test_a_resumed_log_from_before_the_peak_column_keeps_its_rows_and_gains_the_column(tmp_path):
+    old = "split,step,epoch,loss,rss_mb\ntrain,5,0,3.5,800\ntrain,10,0,3.0,810\ntrain,15,0,2.5,820\n"
+    (tmp_path / "metrics.csv").write_text(old)
+    log = MetricsLog(tmp_path, resume_step=10, tensorboard=False)  # the killed run's step-15 row goes
+    log.write("train", 15, epoch=0, loss=2.4)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["loss"], r["rss_mb"]) for r in rows[:2]] == [("5", "3.5", "800"), ("10", "3.0", "810")]
+    assert rows[0]["peak_rss_mb"] == "" and float(rows[2]["peak_rss_mb"]) + 4 >= float(rows[2]["rss_mb"]) > 0
 
 
 def test_a_folder_with_a_run_needs_resume_or_force(tmp_path, data_dir):
@@ -314,8 +333,6 @@ def test_cooldown_falls_linearly_to_zero_over_the_last_share_of_the_horizon():
 
 def test_trainer_steps_with_the_cooldown(data_dir, tmp_path):
     """The lr each update used, as logged, follows the cooldown to 0 at max_steps."""
-    import csv
-
     cfg = tiny_run_config(schedule="constant", lr=1e-3, max_steps=20, cooldown=0.5, max_epochs=100)
     Trainer(cfg, data_dir, tmp_path / "run", progress=False).fit()
     with open(tmp_path / "run" / "metrics.csv") as f:

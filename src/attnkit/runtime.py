@@ -7,6 +7,7 @@ import ctypes
 import functools
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,16 @@ def resident_mb() -> float | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return None
+
+
+def peak_resident_mb() -> float | None:
+    """This process's highest resident memory so far in MiB (getrusage); None where there is no `resource`."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def seed_everything(seed: int) -> None:

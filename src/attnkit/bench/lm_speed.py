@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.bench.measure import peak_rss_mb, timed
+from attnkit.bench.measure import timed
 from attnkit.config import TransformerXLConfig, replace
 from attnkit.models import build_model
+from attnkit.runtime import peak_resident_mb
 
 
 @dataclass
@@ -76,7 +77,7 @@ def speed_table(config: TransformerXLConfig, lengths: tuple[int, ...] = (128, 25
         if recompute:
             again_s = timed(lambda segment=segment, mems=mems, m=m: xl(segment, mems, mem_len=m, reuse_keys=False),
                             1, runs, device)
-        peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb()
+        peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_resident_mb()
         rows.append(SpeedRow(w, t, m, vanilla_s * 1e3, xl_s * 1e3 / t, peak,
                              None if again_s is None else again_s * 1e3 / t))
     return rows

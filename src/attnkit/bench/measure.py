@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import resource
 import statistics
 import sys
 import time
@@ -55,15 +54,12 @@ from attnkit.bench.workloads import (
     mt_shape,
     opus_sources,
 )
+from attnkit.runtime import peak_resident_mb
 
 CPU = torch.device("cpu")
 
 
 # --- timing, memory, FLOPs -------------------------------------------------------------------------
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def timed(fn: Callable[[], object], warmup: int, runs: int, device: torch.device | None = None) -> float:
     """Median seconds of `runs` calls after `warmup` untimed ones. On a CUDA `device` every timed call ends when
     its kernels have run (they are launched asynchronously: unsynchronised, a call's time is its launches')."""
@@ -210,7 +206,7 @@ def mt_decode(adapter: MTAdapter, s: MTShape, beam: int, sources: Callable[[int,
               keep_outputs: bool = False, device: torch.device = CPU) -> dict:
     """Greedy (beam 1) or beam search: exactly T new tokens per source; one warm-up run, median of the rest.
     keep_outputs: the last run's output ids go into the result (`output_ids`, (n, T) as lists)."""
-    model, rss_build = adapter.build(s).eval(), peak_rss_mb()
+    model, rss_build = adapter.build(s).eval(), peak_resident_mb()
     if device != CPU:  # (the imported-Marian adapter's model is not a module: it decodes on the CPU)
         model = model.to(device)
     n = s.greedy_batch if beam == 1 else s.beam_batch
@@ -246,7 +242,7 @@ def xl_pass(adapter: LMAdapter, model: nn.Module, ids: torch.Tensor, s: LMShape,
 
 def lm_eval_xl(adapter: LMAdapter, s: LMShape) -> dict:
     """Warm-up over a few segments, then the median of full passes over N tokens; tokens/s = N / time."""
-    model, ids, rss_build = adapter.build(s).eval(), lm_eval_data(s), peak_rss_mb()
+    model, ids, rss_build = adapter.build(s).eval(), lm_eval_data(s), peak_resident_mb()
     xl_pass(adapter, model, ids, s, s.eval_warmup_segments)
     segments = s.eval_tokens // s.segment
     nll = []
@@ -267,7 +263,7 @@ def windows_pass(adapter: LMAdapter, model: nn.Module, ids: torch.Tensor, s: LMS
 
 def lm_eval_vanilla(adapter: LMAdapter, s: LMShape) -> dict:
     """Al-Rfou sliding window: warm-up windows, then consecutive windows timed and extrapolated to N tokens."""
-    model, ids, rss_build = adapter.build(s).eval(), lm_eval_data(s), peak_rss_mb()
+    model, ids, rss_build = adapter.build(s).eval(), lm_eval_data(s), peak_resident_mb()
     windows_pass(adapter, model, ids, s, 0, s.window_warmup)
     start = time.perf_counter()
     nll = windows_pass(adapter, model, ids, s, s.window_warmup, s.windows)
@@ -302,7 +298,7 @@ def run_workload(tk: Toolkit, workload: str, shapes: Shapes, dtype: str) -> dict
 
 
 def train_figures(case: TrainCase, warmup: int, dtype: str) -> dict:
-    rss_build = peak_rss_mb()
+    rss_build = peak_resident_mb()
     return train_throughput(case, warmup, dtype) | {"rss_after_build_mb": rss_build, "params": n_params(case.model)}
 
 
@@ -321,7 +317,7 @@ def measure(toolkit_name: str, workload: str, shapes: Shapes, dtype: str, thread
             line |= run_workload(tk, workload, shapes, dtype)
     except Exception as e:  # a failure (a peer's bug, a missing module) is a result, not a crash
         line["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-    return line | {"peak_rss_mb": peak_rss_mb(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    return line | {"peak_rss_mb": peak_resident_mb(), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def notes_of(tk: Toolkit, workload: str) -> str:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.io import atomic_open
-from attnkit.runtime import resident_mb
+from attnkit.runtime import peak_resident_mb, resident_mb
 from attnkit.viz.fonts import said_once
 
 FIELDS = ["split", "step", "epoch", "elapsed_s", "loss", "nll", "ppl", "lr", "tok_s", "bleu", "bleu_lc", "chrf",
-          "exact", "rss_mb"]
+          "exact", "rss_mb", "peak_rss_mb"]
 
 
 class MetricsLog:
@@ -41,7 +41,8 @@ class MetricsLog:
             writer.writerows(rows)
 
     def write(self, split: str, step: int, **values: Any) -> None:
-        values.setdefault("rss_mb", resident_mb())  # the process's resident memory, so a run shows its footprint
+        values.setdefault("rss_mb", resident_mb())  # the process's resident memory now, so a run shows its footprint,
+        values.setdefault("peak_rss_mb", peak_resident_mb())  # and its highest so far (inside steps, evaluations)
         new = not self.csv_path.exists()
         with self.csv_path.open("a", newline="") as f:
             writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
