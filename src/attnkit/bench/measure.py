@@ -54,6 +54,7 @@ from attnkit.bench.workloads import (
     mt_shape,
     opus_sources,
 )
+from attnkit.runtime import autocast as device_autocast
 from attnkit.runtime import peak_resident_mb
 
 CPU = torch.device("cpu")
@@ -82,8 +83,6 @@ def timed(fn: Callable[[], object], warmup: int, runs: int, device: torch.device
 
 def autocast(dtype: str, device: torch.device = CPU) -> contextlib.AbstractContextManager:
     """bf16 autocast (on the CPU unless told) for `--dtype bfloat16`; nothing for float32."""
-    from attnkit.runtime import autocast as device_autocast
-
     return device_autocast(device, dtype)
 
 
