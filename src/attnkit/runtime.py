@@ -16,6 +16,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnkit.errors import ConfigError
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
@@ -167,9 +172,7 @@ def resident_mb() -> float | None:
 
 def peak_resident_mb() -> float | None:
     """This process's highest resident memory so far in MiB (getrusage); None where there is no `resource`."""
-    try:
-        import resource
-    except ImportError:  # Windows
+    if resource is None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
