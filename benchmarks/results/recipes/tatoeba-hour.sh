@@ -2,10 +2,12 @@
 # One direction of the Tatoeba recipes (docs/results.md "Tatoeba Chinese-English") end to end, one step after
 # another on an otherwise idle machine, each step's output and wall time / peak RSS (/usr/bin/time) in
 # benchmarks/results/recipes/tatoeba-DIR.*.log:
-#   bash benchmarks/results/recipes/tatoeba-hour.sh zh-en   # ~2 h 20 min on 2 cores: attnkit's hour, then fairseq's
+#   bash benchmarks/results/recipes/tatoeba-hour.sh zh-en   # ~2 h 25 min on 2 cores: attnkit's hour, then fairseq's
 #   TAG=epyc bash benchmarks/results/recipes/tatoeba-hour.sh en-zh   # logs as tatoeba-en-zh-epyc.*: a second machine
 # 1. attnkit prepare (the preset's command), 2. attnkit train --config tatoeba-DIR (60 min), 3. benchmarks/tatoeba.py
-# (chooses on dev, scores dev and test), 4. benchmarks/fairseq_tatoeba.sh (the baseline's hour on the same data).
+# (chooses on dev, scores dev and test), 4. benchmarks/fairseq_tatoeba.sh (the baseline's hour on the same data),
+# 5. the baseline's last checkpoint decoded and scored the same way (CKPT=checkpoint_last GENERATE_ONLY=1): dev
+# chooses between it and fairseq's checkpoint_best, as it chooses among attnkit's checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 dir=${1:?zh-en or en-zh}; src=${dir%-*}; tgt=${dir#*-}
@@ -26,3 +28,7 @@ cp "$run/results.md" "$logs.results.md"; cp "$run/results.json" "$logs.results.j
 step fairseq env DIR="$dir" bash benchmarks/fairseq_tatoeba.sh "runs/fairseq-tatoeba-$dir"
 cp "runs/fairseq-tatoeba-$dir/hyp/results.md" "$logs.fairseq.results.md"
 cp "runs/fairseq-tatoeba-$dir/hyp/results.json" "$logs.fairseq.results.json"
+step fairseq-last env CKPT=checkpoint_last GENERATE_ONLY=1 DIR="$dir" bash benchmarks/fairseq_tatoeba.sh \
+    "runs/fairseq-tatoeba-$dir"
+cp "runs/fairseq-tatoeba-$dir/hyp-last/results.md" "$logs.fairseq-last.results.md"
+cp "runs/fairseq-tatoeba-$dir/hyp-last/results.json" "$logs.fairseq-last.results.json"
