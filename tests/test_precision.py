@@ -122,3 +122,63 @@ def test_a_language_model_run_with_auto_trains_exactly_as_with_the_dtype_it_chos
         runs[dtype].fit()
     assert runs["auto"].cfg.train.dtype == "bfloat16"
     assert_same_weights(runs["auto"].model, runs["bfloat16"].model)
+
+
+# --- the probe does the first batches' work in row slices (half the activations a float32 pass holds) ---------------
+@pytest.mark.parametrize("rows", [1, 2, 5, 64])
+def test_probe_parts_cover_every_row_once_in_at_most_probe_parts_slices(rows):
+    parts = precision.probe_parts(rows)
+    assert 1 <= len(parts) <= precision.PROBE_PARTS
+    assert [i for s in parts for i in range(rows)[s]] == list(range(rows))
+
+
+def probe_and_whole_gradients(model: torch.nn.Module, probe, whole) -> tuple[dict, dict]:
+    """The gradients one float32 round of probe passes leaves, and those of `whole()` (the unsliced batches)."""
+    out = []
+    for run in (lambda: probe("float32"), whole):
+        model.zero_grad(set_to_none=True)
+        run()
+        out.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    return out[0], out[1]
+
+
+def assert_same_gradients(sliced: dict, whole: dict) -> None:
+    assert sliced.keys() == whole.keys() and whole
+    for name, grad in whole.items():
+        torch.testing.assert_close(sliced[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_seq2seq_probe_does_the_first_batches_work_in_row_slices(tmp_path, data_dir):
+    from attnkit.data import iterate_batches
+    from attnkit.train.trainer import training_forward
+
+    cfg = cfgmod.replace(tiny_run_config(max_steps=1), model=tiny_model_config(dropout=0.0))
+    trainer = Trainer(cfg, data_dir, tmp_path / "run", progress=False)
+    first = trainer.sampler.batches(0)[: precision.PROBE_BATCHES]
+    assert sum(len(precision.probe_parts(len(rows))) for rows in first) > len(first)  # the slicing happens
+
+    def whole() -> None:
+        for batch in iterate_batches(trainer.train_split, first):
+            loss, _, aux = trainer.batch_losses(lambda b: training_forward(trainer.model, b), batch, "float32")
+            (loss + aux).backward()
+    assert_same_gradients(*probe_and_whole_gradients(trainer.model, trainer.precision_passes(), whole))
+
+
+def test_the_language_model_probe_does_the_first_segments_work_in_row_slices(tmp_path):
+    from attnkit.data.lm import prepare_lm
+
+    (tmp_path / "text.txt").write_text(LM_TEXT * 4, encoding="utf-8")
+    prepare_lm(tmp_path / "data", tmp_path / "text.txt", level="char", valid_fraction=0.2)
+    cfg = cfgmod.resolve(["lm-char-small-xl"], [*LM_TINY, "model.dropout=0.0", "model.attention_dropout=0.0"],
+                         cls=cfgmod.LMRunConfig)
+    trainer = LMTrainer(cfg, tmp_path / "data", tmp_path / "run", progress=False)
+    segments = [tuple(z[trainer.rows] for z in trainer.streams.batch(tau))
+                for tau in range(min(precision.PROBE_BATCHES, len(trainer.streams)))]  # (x, y), each (B, T)
+    assert len(segments) > 1 and len(segments[0][0]) > 1  # the memory flows, the rows are sliced
+
+    def whole() -> None:
+        mems = None
+        for x, y in segments:
+            nll, mems = trainer.segment_nll(trainer.model, x, y, mems, "float32")
+            nll.backward()
+    assert_same_gradients(*probe_and_whole_gradients(trainer.model, trainer.precision_passes(), whole))

@@ -138,6 +138,16 @@ class TrainerBase:
         """Forward + backward over the run's first few batches in a given precision, no update (precision.Passes)."""
         raise NotImplementedError
 
+    def write_report(self) -> None:
+        """report.html at the end of fit (rank 0; attnkit.viz.report). The last update's gradients are freed first:
+        the report loads the best weights again, and their memory goes to that copy rather than beside it."""
+        if not self.dist.is_main:
+            return
+        from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
+
+        self.model.zero_grad(set_to_none=True)
+        after_fit(self.run_dir, self.data_dir, self.log.say)
+
     def warn(self, message: str) -> None:
         """A warning for the user now (stderr, between progress bars) and for train.log (rank 0 only)."""
         if not self.dist.is_main:

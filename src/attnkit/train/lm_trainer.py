@@ -36,7 +36,7 @@ from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
-from attnkit.train.precision import PROBE_BATCHES, Passes
+from attnkit.train.precision import PROBE_BATCHES, Passes, probe_parts
 
 
 @dataclass
@@ -115,15 +115,17 @@ class LMTrainer(TrainerBase):
         return nll.sum(), mems
 
     def precision_passes(self) -> Passes:
-        """Forward + backward of the first segments (the memory flowing through them), for `train.dtype: auto`."""
+        """Forward + backward of the first segments (the memory flowing through them; the streams in row slices),
+        for `train.dtype: auto`."""
         segments = [tuple(z[self.rows].to(self.device) for z in self.streams.batch(tau))
                     for tau in range(min(PROBE_BATCHES, len(self.streams)))]  # (x, y), each (B, T)
 
         def passes(dtype: str) -> None:
-            mems = None
-            for x, y in segments:
-                nll, mems = self.segment_nll(self.model, x, y, mems, dtype)
-                nll.backward()
+            for rows in probe_parts(len(segments[0][0])):
+                mems = None
+                for x, y in segments:
+                    nll, mems = self.segment_nll(self.model, x[rows], y[rows], mems, dtype)
+                    nll.backward()
         return passes
 
     # --- evaluation -------------------------------------------------------------------------
@@ -187,9 +189,6 @@ class LMTrainer(TrainerBase):
         self.state.elapsed_s = time.monotonic() - clock
         self._checkpoint(metrics)
         self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min")
-        if self.dist.is_main:
-            from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
-
-            after_fit(self.run_dir, self.data_dir, self.log.say)
+        self.write_report()
         self.log.close()
         return metrics

@@ -9,7 +9,10 @@ own float32 1.13x) and 0.72x on a 2-core Xeon (docs/speed.md). So `auto` decides
 - on a CPU whose flags show no bf16 instructions, float32, without timing;
 - on any other CPU, by timing forward + backward over the run's first few batches in each precision (one untimed
   round each, then PROBE_ROUNDS alternating rounds, summed over DDP ranks so that all choose alike): bfloat16 when it
-  takes under BF16_MARGIN of float32's time, since float32 is the exact one;
+  takes under BF16_MARGIN of float32's time, since float32 is the exact one. Each batch runs as PROBE_PARTS row
+  slices (`probe_parts`): the same work, but a float32 pass then holds half a batch's activations, less than a
+  bfloat16 training step holds, so the probe does not set the run's peak memory (with whole batches it added
+  ~280 MB to the Multi30k preset's, docs/speed.md);
 - elsewhere (MPS), float32.
 
 The probe leaves no trace (`no_trace`): the RNG, the buffers and the gradients are restored, so a run with `auto`
@@ -30,6 +33,7 @@ from attnkit.runtime import emulated_bf16
 PROBE_BATCHES = 4  # the run's first batches (segments), their real shapes
 PROBE_ROUNDS = 2  # timed rounds per precision, after an untimed one
 BF16_MARGIN = 0.95  # bf16 must be at least 5% faster to be chosen over the exact precision
+PROBE_PARTS = 2  # row slices each probe batch runs as (the module docstring)
 
 Passes = Callable[[str], None]  # dtype -> forward + backward over the probe batches in that precision
 
@@ -39,6 +43,12 @@ class Choice:
     dtype: str  # float32 | bfloat16
     why: str  # one line for train.log
     seconds: float = 0.0  # wall-clock the probe took
+
+
+def probe_parts(rows: int) -> list[slice]:
+    """The row slices a probe batch of `rows` rows runs as: PROBE_PARTS of them (fewer when it has fewer rows)."""
+    size = -(-rows // PROBE_PARTS)
+    return [slice(start, start + size) for start in range(0, rows, size)]
 
 
 def timed(passes: Passes, dtype: str) -> float:

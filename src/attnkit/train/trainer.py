@@ -38,7 +38,7 @@ from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
 from attnkit.train.losses import label_smoothed_nll
-from attnkit.train.precision import PROBE_BATCHES, Passes
+from attnkit.train.precision import PROBE_BATCHES, Passes, probe_parts
 
 
 @dataclass
@@ -155,9 +155,10 @@ class Trainer(TrainerBase):
         return loss, nll, aux
 
     def precision_passes(self) -> Passes:
-        """Forward + backward of the first batches of epoch 0 (their real shapes), for `train.dtype: auto`."""
-        first = self.sampler.batches(0)[:PROBE_BATCHES]
-        batches = [b.to(self.device) for b in iterate_batches(self.train_split, first)]
+        """Forward + backward of the first batches of epoch 0 (their sentences, in row slices), for `train.dtype:
+        auto`."""
+        parts = [rows[s] for rows in self.sampler.batches(0)[:PROBE_BATCHES] for s in probe_parts(len(rows))]
+        batches = [b.to(self.device) for b in iterate_batches(self.train_split, parts)]
 
         def passes(dtype: str) -> None:
             for batch in batches:
@@ -269,10 +270,7 @@ class Trainer(TrainerBase):
             last_save = time.monotonic()
         self.log.say(f"finished at step {self.state.step} after {self.state.elapsed_s / 60:.1f} min of training"
                      + (f"; {self.state.skipped_total} non-finite updates skipped" if self.state.skipped_total else ""))
-        if self.dist.is_main:
-            from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
-
-            after_fit(self.run_dir, self.data_dir, self.log.say)
+        self.write_report()
         self.log.close()
         return metrics
 
