@@ -172,8 +172,7 @@ def test_the_language_model_probe_does_the_first_segments_work_in_row_slices(tmp
     cfg = cfgmod.resolve(["lm-char-small-xl"], [*LM_TINY, "model.dropout=0.0", "model.attention_dropout=0.0"],
                          cls=cfgmod.LMRunConfig)
     trainer = LMTrainer(cfg, tmp_path / "data", tmp_path / "run", progress=False)
-    segments = [tuple(z[trainer.rows] for z in trainer.streams.batch(tau))
-                for tau in range(min(precision.PROBE_BATCHES, len(trainer.streams)))]  # (x, y), each (B, T)
+    segments = trainer.first_segments()  # (x, y), each (B, T)
     assert len(segments) > 1 and len(segments[0][0]) > 1  # the memory flows, the rows are sliced
 
     def whole() -> None:

@@ -114,11 +114,15 @@ class LMTrainer(TrainerBase):
             nll, mems = model(x, mems, targets=y, mem_len=t.mem_len, clamp_len=t.clamp_len, ext_len=t.ext_len)
         return nll.sum(), mems
 
+    def first_segments(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's first PROBE_BATCHES segments on the device: (x, y), each (B, T)."""
+        return [tuple(z[self.rows].to(self.device) for z in self.streams.batch(tau))
+                for tau in range(min(PROBE_BATCHES, len(self.streams)))]
+
     def precision_passes(self) -> Passes:
         """Forward + backward of the first segments (the memory flowing through them; the streams in row slices),
         for `train.dtype: auto`."""
-        segments = [tuple(z[self.rows].to(self.device) for z in self.streams.batch(tau))
-                    for tau in range(min(PROBE_BATCHES, len(self.streams)))]  # (x, y), each (B, T)
+        segments = self.first_segments()
 
         def passes(dtype: str) -> None:
             for rows in probe_parts(len(segments[0][0])):
