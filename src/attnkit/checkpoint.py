@@ -14,7 +14,10 @@ model_state, tokenizers).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,12 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import save_file
 
 from attnkit import config as cfgmod
 from attnkit.data.lm import LMVocab
 from attnkit.errors import CheckpointError
-from attnkit.io import atomic_write_bytes, trust_pickle
+from attnkit.io import atomic_path, trust_pickle
 from attnkit.models import build_model
 
 FORMAT = "attnkit-checkpoint"
@@ -70,7 +73,12 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | 
         tensors["rng.torch"] = ckpt.rng_state
     if ckpt.cuda_rng_state is not None:
         tensors["rng.cuda"] = ckpt.cuda_rng_state
-    atomic_write_bytes(path, st_save(tensors, metadata=meta), backup=backup)
+    with atomic_path(path, backup=backup) as tmp:
+        try:  # straight from the tensors' memory: `safetensors.torch.save` held two copies of the file (182 MB at
+            save_file(tensors, tmp, metadata=meta)  # Multi30k's `last`), each save a new peak of the run's memory
+        except SafetensorError as e:  # its I/O errors, as the OSError atomic_path names (ENOSPC: "disk full")
+            code = re.search(r"os error (\d+)", str(e))
+            raise (OSError(int(code[1]), os.strerror(int(code[1]))) if code else OSError(errno.EIO, str(e))) from None
 
 
 def _is_pickle(data: bytes) -> bool:

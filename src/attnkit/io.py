@@ -19,7 +19,7 @@ from attnkit.errors import AttnkitError
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", *,
                 backup: str | os.PathLike | None = None) -> Iterator[IO]:
-    """Open a temp file beside `path`; on success fsync and rename it over `path`.
+    """Open a temp file beside `path`; on success fsync and rename it over `path` (`atomic_path`).
 
     With `backup`, the file `path` held is first renamed to `backup`: the newest good copy survives
     even if the new file is later found damaged (there is a moment where only `backup` exists).
@@ -27,19 +27,33 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     A crash (or SIGKILL) at any moment leaves either the old file or the new one, never a mix. A failed
     write (full disk, lost permission) removes the temp file and raises an AttnkitError naming `path`.
     """
+    binary = "b" in mode
+    with atomic_path(path, backup=backup) as tmp, open(tmp, mode, encoding=None if binary else encoding) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, backup: str | os.PathLike | None = None) -> Iterator[Path]:
+    """The name of a temp file beside `path`, for a writer that takes a file name (safetensors' `save_file`
+    writes tensors straight from memory); on success it is fsynced and renamed over `path`, with `atomic_open`'s
+    promises: the old file or the new one, never a mix, and a failed write named in an AttnkitError."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise _write_error(path, e) from None
-    binary = "b" in mode
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
-        with os.fdopen(fd, mode, encoding=None if binary else encoding) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
+        finally:
+            os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDWR)  # what the name holds now (a writer may have replaced the file)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         if backup is not None and path.exists():
             os.replace(path, backup)
         os.replace(tmp, path)

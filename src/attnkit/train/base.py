@@ -140,8 +140,7 @@ class TrainerBase:
 
     def write_report(self) -> None:
         """report.html at the end of fit (rank 0; attnkit.viz.report). The last update's gradients are freed first,
-        so that the copy of the best weights the report loads can reuse their memory (on Multi30k it did not lower
-        the peak: docs/speed.md)."""
+        so that the copy of the best weights the report loads can reuse their memory."""
         if not self.dist.is_main:
             return
         from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
