@@ -32,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attnkit import config as cfgmod
 from attnkit import runtime
-from attnkit.bench.measure import CPU_ATTENTION_FLOPS, matmul_peak
+from attnkit.bench.measure import STEP_FLOPS, matmul_peak
 from attnkit.bench.workloads import STANDARD
 from attnkit.demo import PRESETS as DEMO_PRESETS
 from attnkit.train import trainer as seq2seq_trainer
@@ -77,22 +77,6 @@ PREPARE = {
     "shakespeare": ["lm", "prepare", "--train", f"{SHARED}/tiny_shakespeare/input.txt.gz", "--valid-fraction", "0.1",
                     "--level", "char"],
 }
-
-
-def _lstm_layer_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
-    """One LSTM layer's products over the sequence (the counter hands over shapes): the four gates from the input and
-    from the state, 2 FLOPs a multiply-add; (B, T, I) or (T, B, I) alike."""
-    gates, width = w_ih
-    return 2 * input[0] * input[1] * gates * (width + w_hh[1])
-
-
-def _lstm_layer_backward_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
-    return 2 * _lstm_layer_flops(input, w_ih, w_hh)  # the input's and the weights' gradients
-
-
-# torch's FLOP counter knows no recurrent kernel: the LSTM's fused cells (oneDNN's) counted here
-FLOPS = {**CPU_ATTENTION_FLOPS, torch.ops.aten.mkldnn_rnn_layer: _lstm_layer_flops,
-         torch.ops.aten.mkldnn_rnn_layer_backward: _lstm_layer_backward_flops}
 
 
 def prepared(name: str, scratch: Path) -> Path:
@@ -146,7 +130,7 @@ def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int, counted:
             n = len(walls)
             start = time.perf_counter()
             if plain - counted <= n < plain:
-                with FlopCounterMode(display=False, custom_mapping=FLOPS) as counter:
+                with FlopCounterMode(display=False, custom_mapping=STEP_FLOPS) as counter:
                     stats = step(*args)
                 flops.append((counter.get_total_flops(), stats.get("tokens", 0)))
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.bench import catalog, huggingface, opus, workloads
+from attnkit.bench import catalog, huggingface, opus, plain, workloads
 from attnkit.bench import measure as speed
 from attnkit.bench import runner as bench
 from attnkit.bench.attnkit_adapter import ATTNKIT
@@ -142,6 +143,40 @@ def test_xl_memory_is_carried_and_detached_in_training():
     assert seen == [None, (16, False), (32, False), (48, False), (48, False)]
 
 
+LSTM_TOOLKITS = {"attnkit": ATTNKIT, "pytorch": plain.toolkit()}
+
+
+@pytest.mark.parametrize("name", list(LSTM_TOOLKITS))
+def test_lstm_state_is_carried_and_detached_in_training(name):
+    shape, seen = dataclasses.replace(workloads.QUICK.lm, steps=3), []  # 4 batches of segment 16
+    lstm = LSTM_TOOLKITS[name].lm["lstm"]
+
+    def recording_forward(model, x, mems, s):
+        seen.append(None if mems is None else [(tuple(m.shape), m.requires_grad) for m in mems])
+        logits, new = lstm.forward(model, x, mems, s)
+        assert logits.shape == (*x.shape, s.vocab)
+        return logits, new
+
+    torch.manual_seed(0)
+    case = speed.lm_train_case(workloads.LMAdapter(lstm.build, recording_forward, lstm.notes), shape)
+    for i in range(4):
+        case.loss(i, "float32").backward()
+    state = ((shape.layers, shape.batch, shape.d_model), False)  # (h, c): (L, B, D) each, cut from the graph
+    assert seen == [None, *[[state, state]] * 3]
+
+
+def test_attnkit_and_the_plain_loop_do_the_same_lstm_work():
+    """Both step FLOP counts equal the hand count: L layers of 4 gates from input and state, the tied output layer,
+    backward twice forward; so their tok/s compare the same work."""
+    s = dataclasses.replace(workloads.QUICK.lm, layers=2)
+    b, t, d, v = s.batch, s.segment, s.d_model, s.vocab
+    hand = 3 * (s.layers * 2 * b * t * 4 * d * 2 * d + 2 * b * t * d * v)
+    for tk in LSTM_TOOLKITS.values():
+        torch.manual_seed(0)
+        case = speed.lm_train_case(tk.lm["lstm"], s)
+        assert speed.count_step_flops(case.model, functools.partial(case.loss, 0, "float32")) == hand
+
+
 # --- planning, skip notes, tables ------------------------------------------------------------------
 def test_cli_choices_follow_the_measurement_code():
     assert set(bench_cli.WORKLOAD_CHOICES) == {*catalog.WORKLOADS, *catalog.GROUPS}
@@ -236,7 +271,8 @@ def test_quick_bench_prints_every_row(tmp_path, capsys, monkeypatch):
     assert rows[0]["workload"] == "matmul-peak" and rows[0]["gflop_s"] > 0
     planned = [(tk, w) for w in catalog.WORKLOADS for tk in catalog.TOOLKITS if w in catalog.TOOLKITS[tk].workloads]
     assert [(r["toolkit"], r["workload"]) for r in rows[1:]] == planned
-    assert {tk for tk, w in planned if w == "mt-base-beam5"} == set(catalog.TOOLKITS)  # every toolkit decodes
+    assert {tk for tk, w in planned if w == "mt-base-beam5"} == set(catalog.TOOLKITS) - {"pytorch"}  # all decode
+    assert {tk for tk, w in planned if w == "lm-train-lstm"} == {"attnkit", "pytorch"}  # but the plain LSTM loop
     assert all(r["quick"] for r in rows)
     for r in rows[1:]:
         label = bench.workload_label(r["workload"], workloads.QUICK)

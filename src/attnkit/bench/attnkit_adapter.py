@@ -25,7 +25,7 @@ from attnkit.bench import opus
 from attnkit.bench.catalog import MT_DECODING, OPUS_WORKLOADS
 from attnkit.bench.workloads import LMAdapter, LMShape, Mems, MTAdapter, MTShape, Toolkit, decoding_only
 from attnkit.checkpoint import load_checkpoint, model_from
-from attnkit.config import EOS_ID, PAD_ID, UNK_ID, TransformerConfig, TransformerXLConfig
+from attnkit.config import EOS_ID, PAD_ID, UNK_ID, RNNLMConfig, TransformerConfig, TransformerXLConfig
 from attnkit.decode import beam_search, greedy_search
 from attnkit.models import Transformer, build_model
 from attnkit.nn import PackedWeights, int8_kernels, int8_unavailable, prepacked
@@ -65,6 +65,12 @@ def attnkit_lm_build(kind: str) -> Callable[[LMShape], nn.Module]:
         return build_model(kind, cfg)
 
     return build
+
+
+def attnkit_lstm_build(s: LMShape) -> nn.Module:
+    keep_freed_memory()
+    return build_model("lstm-lm", RNNLMConfig(vocab_size=s.vocab, d_model=s.d_model, n_layers=s.layers,
+                                              dropout=s.dropout))
 
 
 def attnkit_lm_forward(model: nn.Module, x: torch.Tensor, mems: Mems, s: LMShape) -> tuple[torch.Tensor, Mems]:
@@ -143,7 +149,9 @@ ATTNKIT = Toolkit(
     lm={"xl": LMAdapter(attnkit_lm_build("transformer-xl"), attnkit_lm_forward,
                         "TransformerXL: post-LN, ReLU, relative sinusoidal positions with u/v biases, tied"),
         "vanilla": LMAdapter(attnkit_lm_build("vanilla-lm"), attnkit_lm_forward,
-                             "VanillaLM: post-LN, ReLU, absolute sinusoidal positions, tied")},
+                             "VanillaLM: post-LN, ReLU, absolute sinusoidal positions, tied"),
+        "lstm": LMAdapter(attnkit_lstm_build, attnkit_lm_forward,
+                          "LSTMLM: nn.LSTM batch-first, attnkit's dropout, embeddings scaled by sqrt(D), tied")},
 )
 
 

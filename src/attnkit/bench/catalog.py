@@ -24,7 +24,9 @@ WORKLOADS: dict[str, tuple[str, str]] = {
     "lm-train-vanilla": ("lm", "(a) training, vanilla"),
     "lm-eval-xl": ("lm", "(b-XL) evaluation, segments + memory"),
     "lm-eval-vanilla": ("lm", "(b-vanilla) evaluation, sliding window"),
+    "lm-train-lstm": ("lm", "(a) training, LSTM, state carried (attnkit's own, beside a plain PyTorch loop)"),
 }
+TRANSFORMER_WORKLOADS = tuple(w for w in WORKLOADS if w != "lm-train-lstm")  # what the Transformer toolkits run
 TRAIN_WORKLOADS = tuple(w for w in WORKLOADS if "-train" in w)
 MT_DECODING = tuple(w for w in WORKLOADS if w.startswith("mt-") and w != "mt-train")
 OPUS_WORKLOADS = tuple(w for w in WORKLOADS if WORKLOADS[w][0] == "mt-opus")
@@ -39,18 +41,19 @@ class Peer:
     pip: str  # what to pip install
     label: str  # how the tables name it
     variant: str = ""  # e.g. "int8": the same library in another precision
-    workloads: tuple[str, ...] = tuple(WORKLOADS)  # the workloads it is planned on
+    workloads: tuple[str, ...] = TRANSFORMER_WORKLOADS  # the workloads it is planned on
 
 
 # attnkit itself, always measured; its int8 inference on the decoding workloads only.
 OWN: dict[str, Peer] = {
-    "attnkit": Peer("attnkit_adapter", "attnkit", "attnkit", "attnkit"),
+    "attnkit": Peer("attnkit_adapter", "attnkit", "attnkit", "attnkit", workloads=tuple(WORKLOADS)),
     "attnkit-int8": Peer("attnkit_adapter", "attnkit", "attnkit", "attnkit int8", "int8", MT_DECODING),
 }
 PEERS: dict[str, Peer] = {
     "huggingface": Peer("huggingface", "transformers", "transformers", "HF transformers"),
     "xtransformers": Peer("xtransformers", "x_transformers", "x-transformers", "x-transformers",
-                          workloads=tuple(w for w in WORKLOADS if w not in OPUS_WORKLOADS)),  # reads no Marian model
+                          workloads=tuple(w for w in TRANSFORMER_WORKLOADS if w not in OPUS_WORKLOADS)),  # no Marian
+    "pytorch": Peer("plain", "torch", "torch", "plain PyTorch", workloads=("lm-train-lstm",)),
     "ctranslate2": Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2", "float32", MT_DECODING),
     "ctranslate2-int8": Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2 int8", "int8", MT_DECODING),
 }

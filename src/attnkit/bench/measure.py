@@ -94,17 +94,31 @@ def _cpu_flash_backward_flops(grad_out, query, key, value, *args, **kwargs) -> i
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-# torch's counter knows the CUDA attention kernels but not the CPU one SDPA picks without dropout.
-CPU_ATTENTION_FLOPS = {
+def _lstm_layer_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
+    """One LSTM layer's products over the sequence (the counter hands over shapes): the four gates from the input and
+    from the state, 2 FLOPs a multiply-add; (B, T, I) or (T, B, I) alike."""
+    gates, width = w_ih
+    return 2 * input[0] * input[1] * gates * (width + w_hh[1])
+
+
+def _lstm_layer_backward_flops(input, w_ih, w_hh, *args, **kwargs) -> int:
+    return 2 * _lstm_layer_flops(input, w_ih, w_hh)  # the input's and the weights' gradients
+
+
+# torch's counter knows the CUDA attention kernels but not the CPU one SDPA picks without dropout, and no
+# recurrent kernel: the LSTM's fused cells (oneDNN's) are counted here.
+STEP_FLOPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops,
+    torch.ops.aten.mkldnn_rnn_layer: _lstm_layer_flops,
+    torch.ops.aten.mkldnn_rnn_layer_backward: _lstm_layer_backward_flops,
 }
 
 
 def count_step_flops(model: nn.Module, loss_of: Callable[[], torch.Tensor]) -> int:
-    """FLOPs of one forward + loss + backward (matrix products and attention, full S x T score matrices even
-    when causal); the optimiser update is not counted. Leaves the gradients cleared."""
-    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+    """FLOPs of one forward + loss + backward (matrix products, attention with full S x T score matrices even
+    when causal, LSTM cells); the optimiser update is not counted. Leaves the gradients cleared."""
+    with FlopCounterMode(display=False, custom_mapping=STEP_FLOPS) as counter:
         loss_of().backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()

@@ -257,6 +257,7 @@ def workload_label(workload: str, shapes: Shapes) -> str:
         "mt-opus-beam5": f"opus-mt beam {mt.beam} ({mt.beam_batch} src, {mt.tgt_len} new)",
         "lm-train-xl": f"train XL (B {lm.batch} × {lm.segment}, memory {lm.memory})",
         "lm-train-vanilla": f"train vanilla (B {lm.batch} × {lm.segment})",
+        "lm-train-lstm": f"train LSTM (B {lm.batch} × {lm.segment}, state carried)",
         "lm-eval-xl": f"eval XL (segment {lm.segment} + memory {lm.memory})",
         "lm-eval-vanilla": f"eval vanilla (sliding window {lm.context}, {lm.windows} timed)",
     }[workload]

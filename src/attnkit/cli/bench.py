@@ -9,7 +9,8 @@
 Workloads (../shared/bench/WORKLOADS.md): mt-train, mt-greedy, mt-beam5, lm-train-xl, lm-train-vanilla,
 lm-eval-xl, lm-eval-vanilla, and mt-base-greedy, mt-base-beam5 (MT decoding at the Transformer-base shape:
 d 512, 8 heads, FFN 2048, 6+6 layers, vocab 32k), mt-opus-greedy, mt-opus-beam5 (decoding one random opus-mt-shape
-MarianMTModel, read by each toolkit: bench.opus); groups: mt, lm, opus, all. Each measurement runs in a fresh
+MarianMTModel, read by each toolkit: bench.opus), lm-train-lstm (attnkit's LSTM LM beside a plain PyTorch loop,
+PyTorch's word_language_model example: bench.plain); groups: mt, lm, opus, all. Each measurement runs in a fresh
 process; the logic lives in attnkit.bench: runner (plan, tables), measure (timing), one module per toolkit.
 """
 
