@@ -139,13 +139,11 @@ class TrainerBase:
         raise NotImplementedError
 
     def write_report(self) -> None:
-        """report.html at the end of fit (rank 0; attnkit.viz.report). The last update's gradients are freed first,
-        so that the copy of the best weights the report loads can reuse their memory."""
+        """report.html at the end of fit (rank 0; attnkit.viz.report)."""
         if not self.dist.is_main:
             return
         from attnkit.viz.report import after_fit  # here, not at the top: importing attnkit stays matplotlib-free
 
-        self.model.zero_grad(set_to_none=True)
         after_fit(self.run_dir, self.data_dir, self.log.say)
 
     def warn(self, message: str) -> None:
