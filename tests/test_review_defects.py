@@ -86,7 +86,7 @@ def test_no_search_emits_pad_or_bos(build):
 # --- 3. the library leaves the host's allocator alone; the command line tunes it ----------------------------------
 class FakeLibc:
     def __init__(self):
-        self.calls = []
+        self.calls, self.trims = [], 0
 
     def gnu_get_libc_version(self):
         return b"2.36"
@@ -95,12 +95,17 @@ class FakeLibc:
         self.calls.append((param, value))
         return 1
 
+    def malloc_trim(self, pad):
+        self.trims += 1
+        return 1
+
 
 @pytest.fixture
 def fake_libc(monkeypatch):
     libc = FakeLibc()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: libc)
     monkeypatch.delenv("ATTNKIT_SYSTEM_MALLOC", raising=False)
+    monkeypatch.setattr(runtime, "_KEPT", [])
     runtime.keep_freed_memory.cache_clear()
     yield libc
     runtime.keep_freed_memory.cache_clear()
@@ -114,7 +119,7 @@ def test_a_translator_and_a_trainer_leave_the_allocator_alone(fake_libc, tmp_pat
     Translator(Transformer(tiny_model_config(src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)),
                src_tok, tgt_tok, device="cpu")
     Trainer(tiny_run_config(max_steps=1), data_dir, tmp_path / "run", progress=False).fit()
-    assert fake_libc.calls == []
+    assert fake_libc.calls == [] and fake_libc.trims == 0  # nor hands memory back that it did not ask to keep
     assert runtime.keep_freed_memory() is True  # opt-in: the Python API asks for it by name
     assert len(fake_libc.calls) == 2
 
@@ -137,6 +142,7 @@ def test_the_command_line_keeps_freed_memory_for_training_verbs(fake_libc, tmp_p
     assert main(["train", "--data", data_dir, "--out", tmp_path / "run", "--quiet", "--train.max_steps=1",
                  "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--train.device=cpu"]) == 0
     assert len(fake_libc.calls) == 2
+    assert fake_libc.trims >= 1  # and hands the kept memory back after the evaluation and checkpoint
 
 
 # --- 4. training memory: the verbs that train keep oneDNN from caching a kernel per shape -------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import subprocess
 import sys
 
 import pytest
@@ -19,6 +20,30 @@ def test_keep_freed_memory_sets_glibc_and_can_be_turned_off(monkeypatch):
     assert keep_freed_memory.__wrapped__() is True
     monkeypatch.setenv("ATTNKIT_SYSTEM_MALLOC", "1")
     assert keep_freed_memory.__wrapped__() is False
+
+
+_TRIM = """
+import sys, torch
+from attnkit import runtime
+if sys.argv[1] == "keep":
+    runtime.keep_freed_memory()
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+blocks = [torch.ones(1 << 20) for _ in range(200)]  # 800 MiB in 4 MiB blocks, under the 32 MiB mmap threshold
+del blocks[:-1]  # all freed but the last: glibc cannot shrink its heap from the top
+before = rss_mb()
+released = runtime.release_kept_memory()
+print(released, before - rss_mb())
+"""
+
+
+@pytest.mark.skipif(not glibc, reason="malloc_trim is glibc's")
+def test_release_kept_memory_hands_the_free_heap_back_only_after_the_process_kept_it():
+    kept = subprocess.run([sys.executable, "-c", _TRIM, "keep"], capture_output=True, text=True, check=True)
+    released, freed_mb = kept.stdout.split()
+    assert released == "True" and float(freed_mb) > 600, kept.stdout  # ~800 MiB of free heap back to the kernel
+    plain = subprocess.run([sys.executable, "-c", _TRIM, "system"], capture_output=True, text=True, check=True)
+    assert plain.stdout.split()[0] == "False", plain.stdout  # the system's malloc is left to itself
 
 
 def _kernel_switches() -> tuple[bool, ...]:

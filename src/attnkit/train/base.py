@@ -30,7 +30,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_c
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
-from attnkit.runtime import emulated_bf16, resolve_device, seed_everything, training_kernels
+from attnkit.runtime import emulated_bf16, release_kept_memory, resolve_device, seed_everything, training_kernels
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.precision import Passes, choose_dtype, no_trace
@@ -201,7 +201,10 @@ class TrainerBase:
             backup=self.prev_path if path == self.last_path else None)
 
     def save_last(self) -> None:
+        """The full checkpoint after each evaluation and every `save_every_minutes`: the loop's quiet points, where
+        the free memory kept for reuse is also handed back (a no-op unless the command kept it)."""
         self.save(self.last_path)
+        release_kept_memory()
 
     def restore(self, ckpt: Checkpoint) -> None:
         if ckpt.kind != self.model.kind:
