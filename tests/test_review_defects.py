@@ -105,7 +105,7 @@ def fake_libc(monkeypatch):
     libc = FakeLibc()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: libc)
     monkeypatch.delenv("ATTNKIT_SYSTEM_MALLOC", raising=False)
-    monkeypatch.setattr(runtime, "_KEPT", [])
+    monkeypatch.setattr(runtime, "_KEPT", None)
     runtime.keep_freed_memory.cache_clear()
     yield libc
     runtime.keep_freed_memory.cache_clear()

@@ -121,13 +121,14 @@ def keep_freed_memory() -> bool:
         return False
     if not hasattr(libc, "gnu_get_libc_version"):  # not glibc (musl, macOS, Windows)
         return False
-    kept = bool(libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
-    if kept:
-        _KEPT.append(libc)
-    return kept
+    global _KEPT
+    if not (libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)):
+        return False
+    _KEPT = libc
+    return True
 
 
-_KEPT: list = []  # the C library whose malloc keeps freed memory, once keep_freed_memory has made the setting
+_KEPT = None  # the C library whose malloc keeps freed memory, once keep_freed_memory has made the setting
 
 
 def release_kept_memory() -> bool:
@@ -140,7 +141,7 @@ def release_kept_memory() -> bool:
     of refilling the next step's memory cost nothing next to a ~100 s epoch. Changes nothing unless the process
     opted in with `keep_freed_memory`; returns whether memory was handed back.
     """
-    return bool(_KEPT) and bool(_KEPT[0].malloc_trim(0))
+    return _KEPT is not None and bool(_KEPT.malloc_trim(0))
 
 
 KERNEL_CACHE = 32  # oneDNN primitives kept by the verbs that train
