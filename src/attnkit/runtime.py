@@ -93,6 +93,7 @@ def training_kernels(device: torch.device):
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_KEPT = None  # the C library whose malloc keeps freed memory, once keep_freed_memory has made the setting
 
 
 @functools.cache
@@ -126,9 +127,6 @@ def keep_freed_memory() -> bool:
         return False
     _KEPT = libc
     return True
-
-
-_KEPT = None  # the C library whose malloc keeps freed memory, once keep_freed_memory has made the setting
 
 
 def release_kept_memory() -> bool:
