@@ -6,11 +6,15 @@ from __future__ import annotations
 from attnkit.decode import DecodeOptions, Translation, Translator
 from attnkit.eval.bleu import Scores, TokenizerChoice, score_corpus
 
+# Sentences a search batch: on Multi30k's dev set (1,014 sentences, transformer-small, 2-core CPU) greedy search took
+# 2.4 s at 128 against 2.9 s at 64 (the translations identical), beam 5 4-7% less; larger batches pay in padding.
+SCORING_BATCH = 128
+
 
 def translate_and_score(translator: Translator, sources: list[str], refs: list[str],
                         options: DecodeOptions | None = None, *, lang: str | None = None,
                         tokenizer: TokenizerChoice | None = None) -> tuple[list[Translation], Scores]:
     """Translations of `sources` (greedy unless `options` say otherwise) and their scores against `refs`, BLEU
     tokenised for target language `lang` (`score_corpus`; `tokenizer` when the caller chose it already)."""
-    translations = translator.translate(sources, options or DecodeOptions())
+    translations = translator.translate(sources, options or DecodeOptions(), batch_size=SCORING_BATCH)
     return translations, score_corpus([t.text for t in translations], refs, lang=lang, tokenizer=tokenizer)

@@ -276,9 +276,9 @@ class TrainerBase:
     # --- one update -------------------------------------------------------------------------
     def apply_update(self, total_loss: float) -> float:
         """After backward: clip (train.clip_norm, 0 = no clipping) and step with the scheduled lr, or skip an
-        update whose loss or gradient is not finite. The gradient norm is checked on every update: a NaN or
-        inf gradient can come with a finite loss (an overflow in backward), and must not reach the weights.
-        Returns the lr."""
+        update whose loss or gradient is not finite; then let the gradients go. The gradient norm is checked on
+        every update: a NaN or inf gradient can come with a finite loss (an overflow in backward), and must not
+        reach the weights. Returns the lr."""
         lr = self.scheduled_lr()
         clip = self.cfg.train.clip_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)  # one fused pass over the grads
@@ -289,6 +289,7 @@ class TrainerBase:
                 group["lr"] = lr
             self.optimizer.step()
             self.state.skipped = 0
+        self.optimizer.zero_grad(set_to_none=True)  # evaluations and checkpoints run without the gradients' memory
         self.state.step += 1
         return lr
 

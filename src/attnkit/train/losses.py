@@ -29,37 +29,40 @@ def _chunks(n: int, v: int) -> list[slice]:
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
-    """(logits (N, V), targets (N,), keep (N,), eps) -> (summed smoothed loss, summed NLL); the gradient by the
-    formula of the module's docstring, a chunk at a time from the logits and each row's logsumexp."""
+    """(logits (N, V), targets (N,), keep (N,), eps) -> (summed smoothed loss, summed NLL).
+
+    One pass over each chunk of rows does everything: softmax (one exponential a logit, torch's fast vectorised one),
+    the logsumexp read off it (its largest entry is exp(0) / sum, so lse = max z - log max p), and, when the logits
+    need a gradient, the gradient itself by the module's formula, kept in the logits' precision for the backward to
+    scale. torch.exp and logsumexp are 1.5-2.5x slower a logit than softmax on CPUs, and the logits are read once."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, epsilon: float):
         acc = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 for a float64 check
-        lse = logits.new_empty(logits.size(0), dtype=acc)  # (N,)
+        n, v = logits.shape
+        lse = logits.new_empty(n, dtype=acc)  # (N,)
         mean = torch.empty_like(lse)  # (N,) mean_v z_v
-        for rows in _chunks(*logits.shape):
+        weight = keep.to(acc)  # (N,)
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None  # (N, V), unscaled
+        for rows in _chunks(n, v):
             z = logits[rows].to(acc)  # (n, V)
-            lse[rows], mean[rows] = torch.logsumexp(z, -1), z.mean(-1)
+            p = torch.softmax(z, -1)  # (n, V)
+            lse[rows], mean[rows] = z.amax(-1) - p.amax(-1).log(), z.mean(-1)
+            if grad is not None:  # softmax - (1 - eps) * onehot - eps / V, zero on ignored rows
+                p.sub_(epsilon / v).scatter_add_(1, target[rows, None], p.new_full((p.size(0), 1), epsilon - 1.0))
+                grad[rows] = p.mul_(weight[rows, None])
         z_t = logits.gather(1, target[:, None])[:, 0].to(acc)  # (N,)
-        weight = keep.to(acc)
         loss = ((lse - (1.0 - epsilon) * z_t - epsilon * mean) * weight).sum()
         nll = ((lse - z_t) * weight).sum()
-        ctx.save_for_backward(logits, target, weight, lse)
-        ctx.epsilon = epsilon
+        if grad is not None:
+            ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
-        logits, target, weight, lse = ctx.saved_tensors
-        eps, v = ctx.epsilon, logits.size(1)
-        grad = torch.empty_like(logits)
-        scale = grad_loss * weight  # (N,)
-        for rows in _chunks(*logits.shape):
-            g = torch.exp(logits[rows].to(lse.dtype) - lse[rows, None]).sub_(eps / v)  # softmax - eps / V, (n, V)
-            g.scatter_add_(1, target[rows, None], g.new_full((g.size(0), 1), -(1.0 - eps)))
-            grad[rows] = g.mul_(scale[rows, None])
-        return grad, None, None, None
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None, None  # (N, V) in the logits' precision
 
 
 def label_smoothed_nll(
