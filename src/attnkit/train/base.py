@@ -33,6 +33,7 @@ from attnkit.models import build_model
 from attnkit.runtime import emulated_bf16, release_kept_memory, resolve_device, seed_everything, training_kernels
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
+from attnkit.train.optim import adamw
 from attnkit.train.precision import Passes, choose_dtype, no_trace
 from attnkit.train.schedules import make_schedule
 
@@ -89,9 +90,8 @@ class TrainerBase:
             self.model.compile(backend=t.compile_backend)
         self.seed_rank(0)
         # AdamW: with weight_decay 0 it is exactly Adam; with decay it is decoupled (as fairseq's Adam).
-        # The fused kernel updates all parameters in one pass: 12% faster steps for transformer-small on CPU.
-        self.optimizer = torch.optim.AdamW(decay_groups(self.model, t.weight_decay, t.decay_vectors), lr=0.0,
-                                          betas=t.betas, eps=t.eps, fused=self.device.type in ("cpu", "cuda"))
+        self.optimizer = adamw(decay_groups(self.model, t.weight_decay, t.decay_vectors), lr=0.0, betas=t.betas,
+                               eps=t.eps, device=self.device)
         self.schedule = make_schedule(t.schedule, lr=t.lr, warmup=t.warmup, d_model=self.cfg.model.d_model,
                                       total=t.max_steps, by_time=t.horizon == "time", cooldown_fraction=t.cooldown)
         weights = 4 * sum(p.numel() for p in self.model.parameters())  # float32 bytes
