@@ -4,7 +4,7 @@ Every method of `torch.optim.Optimizer`, its constructor included, imports `torc
 that optimizers can be compiled: 72 MiB of resident memory in a training process that never compiles, 7% of the
 Multi30k hour's peak. `FusedAdamW` runs the same update through the same kernel (`torch._fused_adamw_`, what
 `torch.optim.AdamW(fused=True)` calls), keeps the same state under the same names and writes the same state dict,
-so a checkpoint's optimizer state moves between the two either way (`tests/test_train.py` checks both ways, and the
+so a checkpoint's optimizer state moves between the two either way (`tests/test_optim.py` checks both ways, and the
 updates bit for bit). `adamw` picks it where the fused kernel runs (CPU, CUDA) and `torch.optim.AdamW` elsewhere.
 """
 
@@ -46,10 +46,11 @@ class FusedAdamW:
         for p in params:
             if p.grad is None:
                 continue
-            s = self.state.get(p) or self.state.setdefault(p, {
-                "step": torch.zeros((), dtype=torch.float32, device=p.device),  # on the device: the kernel reads it
-                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)})
+            s = self.state.get(p)
+            if s is None:  # the first update with a gradient, as torch.optim makes the state
+                s = self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),  # the kernel's
+                                     "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                     "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
             for bucket, t in zip(buckets.setdefault((p.device, p.dtype), ([], [], [], [], [])),
                                  (p, p.grad, s["exp_avg"], s["exp_avg_sq"], s["step"])):
                 bucket.append(t)
