@@ -289,7 +289,7 @@ class TrainerBase:
                 group["lr"] = lr
             self.optimizer.step()
             self.state.skipped = 0
-        self.optimizer.zero_grad(set_to_none=True)  # evaluations and checkpoints run without the gradients' memory
+        self.optimizer.zero_grad(set_to_none=True)  # the one place they go: evaluations and checkpoints run without
         self.state.step += 1
         return lr
 

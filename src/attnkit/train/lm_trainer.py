@@ -88,8 +88,7 @@ class LMTrainer(TrainerBase):
     def train_step(self) -> dict[str, float]:
         """One optimizer update over the next segment(s); loss normalised per predicted token."""
         t = self.cfg.train
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()  # no gradients here: apply_update let the last update's go
         group = self._next_segments()
         n_tokens = sum(y.numel() for _, y in group)  # the same on every rank: equal shares of the streams
         total = 0.0

@@ -131,8 +131,7 @@ class Trainer(TrainerBase):
         """One optimizer update over this rank's `batches` (gradient accumulation), the loss normalised by
         the target tokens of all ranks: DDP's gradient mean then equals one process training on them all."""
         t = self.cfg.train
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()  # no gradients here: apply_update let the last update's go
         (n_tokens,) = self.dist.sum(sum(b.n_tokens for b in batches))
         total_loss = total_nll = 0.0
         for i, batch in enumerate(batches):
