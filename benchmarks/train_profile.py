@@ -46,7 +46,7 @@ CATEGORIES = {
                         "MmBackward", "AddmmBackward", "BmmBackward"),
     "attention (kernels, softmax over keys)": ("scaled_dot_product", "ScaledDotProduct", "aten::_softmax",
                                                "SoftmaxBackward"),
-    "loss over the vocabulary": ("label_smoothed_nll", "SmoothedCrossEntropy", "log_softmax", "LogSoftmax",
+    "loss over the vocabulary": ("label_smoothed_nll", "SoftmaxCrossEntropy", "log_softmax", "LogSoftmax",
                                  "nll_loss", "NllLoss", "cross_entropy", "adaptive"),
     "optimizer and clipping": ("Optimizer.step", "Optimizer.zero_grad", "_fused_adam", "_foreach_",
                                "clip_grad", "aten::norm", "linalg_vector_norm"),

@@ -14,7 +14,7 @@ from attnkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from attnkit.config import TrainConfig
 from attnkit.errors import ConfigError
 from attnkit.models import Transformer
-from attnkit.train import losses
+from attnkit.nn import cross_entropy
 from attnkit.train.losses import label_smoothed_nll, smoothed_targets
 from attnkit.train.metrics_log import MetricsLog
 from attnkit.train.schedules import cosine, inverse_sqrt, make_schedule, noam
@@ -53,7 +53,7 @@ def plain_label_smoothed_nll(logits, target, epsilon, ignore_index=0):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [1 << 20, 7 * 11], ids=["one-chunk", "chunks-of-7-rows"])
 def test_chunked_smoothed_loss_equals_the_plain_one_in_value_and_gradient(dtype, chunk, monkeypatch):
-    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk)  # V 11: 7 rows a chunk, the last chunk shorter
+    monkeypatch.setattr(cross_entropy, "CHUNK_ELEMENTS", chunk)  # V 11: 7 rows a chunk, the last chunk shorter
     torch.manual_seed(0)
     logits = (torch.randn(4, 9, 11, dtype=torch.float64) * 3).to(dtype).requires_grad_()
     target = torch.randint(1, 11, (4, 9))

@@ -15,7 +15,8 @@ size of cluster i and D_i = D // div_val**i its embedding size (Transformer-XL's
   model's own output tables. Without cutoffs it is exactly the full softmax log_softmax(h W^T + b).
 
 `nll` is the training path: every token pays for the head and for its own cluster only, and no (N, V)
-matrix is built. `log_prob` builds the whole (N, V) distribution, for sampling and per-position scoring.
+matrix is built; each softmax's cross-entropy is `attnkit.nn.cross_entropy`'s one pass a chunk. `log_prob`
+builds the whole (N, V) distribution, for sampling and per-position scoring.
 Every cluster takes part in every call, with an empty set of tokens when a batch has none of its words,
 so every parameter gets a gradient (zero): DDP needs no `find_unused_parameters`.
 """
@@ -27,6 +28,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from attnkit.nn.cross_entropy import cross_entropy_rows
 
 
 def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -156,9 +159,9 @@ class AdaptiveLogSoftmax(_Clustered):
         if self.n_clusters > 1:
             cluster = self.cluster_of(y)
             head_target = torch.where(cluster == 0, y, self.bounds[1] + cluster - 1)  # a tail word: its cluster's logit
-        nll = F.cross_entropy(_fp32(self.head_logits(flat, words)), head_target, reduction="none")  # (N,)
+        nll = cross_entropy_rows(self.head_logits(flat, words), head_target)[0]  # (N,), float32 at least
         for i in range(1, self.n_clusters):
             rows = self.members(cluster, i)  # (N_i,)
-            tail = _fp32(self.tail_logits(flat[rows], words, i))  # (N_i, V_i)
-            nll = nll.index_add(0, rows, F.cross_entropy(tail, y[rows] - self.bounds[i], reduction="none"))
+            tail = self.tail_logits(flat[rows], words, i)  # (N_i, V_i)
+            nll = nll.index_add(0, rows, cross_entropy_rows(tail, y[rows] - self.bounds[i])[0])
         return nll.view(targets.shape)
