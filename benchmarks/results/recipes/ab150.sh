@@ -14,7 +14,7 @@ case "$preset" in
   multi30k) train=(train --config multi30k --data runs/multi30k/data) ;;
   lm-word-wt2)
     W=../shared/data/wikitext-2
-    [ -f runs/wt2-word/data/prepare.json ] || python3 -m attnkit lm prepare --train "$W/wiki.train.tokens.gz" \
+    [ -f runs/wt2-word/data/corpus.safetensors ] || python3 -m attnkit lm prepare --train "$W/wiki.train.tokens.gz" \
       --valid "$W/wiki.valid.tokens.gz" --level word --out runs/wt2-word/data > /dev/null
     # the preset's cosine decays over its 60 minutes; over a fixed count of updates here
     train=(lm train --config lm-word-wt2 --data runs/wt2-word/data --train.horizon=steps) ;;
