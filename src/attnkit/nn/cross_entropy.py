@@ -56,8 +56,12 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
-        (grad,) = ctx.saved_tensors  # each row scaled by its upstream gradient, computed in float32 at least
-        return torch.mul(grad, grad_loss[:, None], out=torch.empty_like(grad)), None, None, None
+        (grad,) = ctx.saved_tensors
+        out = torch.empty_like(grad)  # (N, V) in the logits' precision
+        for rows in _chunks(*grad.shape):  # each row scaled by its upstream gradient in float32 at least, a chunk at
+            # a time: torch's mixed bf16 x float32 product is ~12x slower (39 vs 3.3 ms at 1,900 x 8,000)
+            out[rows] = grad[rows].to(grad_loss.dtype, copy=True).mul_(grad_loss[rows, None])
+        return out, None, None, None
 
 
 def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: float = 0.0
