@@ -4,6 +4,7 @@
 #   bash benchmarks/results/recipes/wt2-flags.sh > benchmarks/results/recipes/wt2-flags-a68e3c8-8750714.txt
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=2
+[ -f runs/wt2-word/data/corpus.safetensors ] || { echo "runs/wt2-word/data is missing: ab150.sh ... lm-word-wt2 prepares it" >&2; exit 2; }
 revs=(a68e3c8 8750714)
 for rev in "${revs[@]}"; do rm -rf "runs/ab-$rev"; git worktree add -f --detach "runs/ab-$rev" "$rev" > /dev/null 2>&1; done
 for round in 1 2; do
