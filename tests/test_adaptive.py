@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnkit import config as cfgmod
 from attnkit.checkpoint import load_lm_checkpoint
@@ -20,7 +21,7 @@ from attnkit.decode.lm import ContextRule, generate
 from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
-from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
+from attnkit.nn.adaptive import ROW_BUCKET, AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.train.lm_trainer import LMTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,6 +110,35 @@ def test_nll_equals_the_gathered_log_prob_values_and_gradients(cutoffs, div_val)
     full = torch.autograd.grad(gathered.sum(), params)
     for a, b in zip(fast, full):
         torch.testing.assert_close(a, b)
+
+
+class _Products(TorchDispatchMode):
+    """Records the shapes of the matrix products run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            self.shapes.append(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_tail_clusters_run_the_same_product_shapes_whatever_their_word_counts():
+    """A cluster's rows are padded to a multiple of ROW_BUCKET, so batches with 3 and 9 words of cluster 1 (and 8
+    and 1 of cluster 2) run the same products forward and backward: oneDNN kernels built for one serve the next."""
+    embed, softmax = layers()
+    shapes = []
+    for counts in ((3, 8), (9, 1)):
+        ids = torch.tensor([0] * 4 + [6] * counts[0] + [15] * counts[1])  # head, cluster 1, cluster 2 words
+        ids = torch.cat([ids, torch.zeros(24 - ids.numel(), dtype=torch.long)])  # 24 tokens either way
+        h = torch.randn(24, D, dtype=torch.float64, requires_grad=True)
+        with _Products() as products:
+            (softmax.nll(h, embed, ids).sum() + embed(ids).sum()).backward()
+        shapes.append(sorted(products.shapes))
+    assert shapes[0] == shapes[1]
+    assert any(s[0][0] == ROW_BUCKET for s in shapes[0])  # the tail clusters' products, padded
 
 
 @pytest.mark.parametrize("tie", [True, False])
