@@ -142,10 +142,13 @@ def release_kept_memory() -> bool:
     return _KEPT is not None and bool(_KEPT.malloc_trim(0))
 
 
-KERNEL_CACHE = 32  # oneDNN primitives kept by the verbs that train
+# oneDNN primitives kept by the verbs that train, by what they train: a translation step has ~27 shapes and new ones
+# with every batch; a language model's step (Transformer-XL with the adaptive softmax) has ~40-50 fixed shapes plus its
+# clusters' few bucketed ones, and with 32 kept it rebuilt ~9 kernels a step (2.4 ms, 1.2% of `lm-word-wt2`'s step)
+KERNEL_CACHE = {"translation": 32, "lm": 64}
 
 
-def bound_kernel_caches() -> None:
+def bound_kernel_caches(kind: str) -> None:
     """Keep oneDNN's kernel caches small: flat memory when shapes keep changing, and the reuse within a step kept.
 
     Under bf16 autocast on a CPU, PyTorch runs matmuls through oneDNN, which builds a "primitive" (a kernel
@@ -155,13 +158,13 @@ def bound_kernel_caches() -> None:
     the resident memory passed 5 GB in minutes while the tensors in use stayed under 0.3 GB. A step still
     reuses each of its shapes (every layer's products share them, forward and backward): with oneDNN's cache
     at 32 primitives the preset made 1,438 updates in 10 minutes against 1,257 with no cache, for ~70 MB more
-    (docs/speed.md); ideep's cache stays off.
+    (docs/speed.md); ideep's cache stays off. `kind` ("translation" or "lm") picks the size (KERNEL_CACHE).
 
     Like `keep_freed_memory` it is process-wide (environment variables read when oneDNN first runs), so
     the library never calls it: the `attnkit` command does for the verbs that train. A value already in
     the environment wins.
     """
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE))
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(KERNEL_CACHE[kind]))
     os.environ.setdefault("LRU_CACHE_CAPACITY", "1")  # ideep's cache of converted weights and primitives
 
 

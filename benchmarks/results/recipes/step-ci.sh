@@ -28,16 +28,18 @@ setup() {  # LABEL REV: a worktree of that commit with its own prepared data
         *) echo "usage: $0 BEFORE AFTER multi30k|lm-word-wt2" >&2; exit 2 ;;
     esac
 }
-train() {  # LABEL: STEPS updates of the preset; prints the mean step over updates 50 to STEPS in ms
+train() {  # LABEL: STEPS updates of the preset; prints the mean step over updates 50 to STEPS (ms) and the peak RSS (MiB)
     local wt="$root/$1" cmd=(train --config "$preset"); [ "$preset" = lm-word-wt2 ] && cmd=(lm train --config "$preset")
     rm -rf "$wt/run"
     env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit "${cmd[@]}" --data "$wt/data" --out "$wt/run" --quiet \
         --train.max_steps="$steps" > "$root/$1.log" 2>&1
     python3 - "$wt/run/metrics.csv" "$steps" <<'PY'
 import csv, sys
-t = {int(r["step"]): float(r["elapsed_s"]) for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"}
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"]
+t = {int(r["step"]): float(r["elapsed_s"]) for r in rows}
 last = int(sys.argv[2])
-print(f"{1e3 * (t[last] - t[50]) / (last - 50):.1f}")
+peak = max(float(r.get("peak_rss_mb") or r["rss_mb"]) for r in rows)  # older commits log the resident set only
+print(f"{1e3 * (t[last] - t[50]) / (last - 50):.1f} {peak:.0f}")
 PY
 }
 setup before "$before"; setup after "$after"
@@ -45,9 +47,9 @@ declare -a b_ms a_ms
 for ((r = 1; r <= rounds; r++)); do
     order=(before after); ((r % 2 == 0)) && order=(after before)
     for side in "${order[@]}"; do
-        ms=$(train "$side")
+        read -r ms rss < <(train "$side")
         if [ "$side" = before ]; then b_ms+=("$ms"); else a_ms+=("$ms"); fi
-        echo "round $r $side: $ms ms a step (updates 50-$steps)"
+        echo "round $r $side: $ms ms a step (updates 50-$steps), peak RSS $rss MiB"
     done
 done
 python3 - "${b_ms[*]}" "${a_ms[*]}" <<'PY'

@@ -33,7 +33,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     ex = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
 
     c = ex.add_parser("compare", help="train several models on the same data and budget; table + bar plot")
-    c.set_defaults(trains=True, run=cmd_compare)
+    c.set_defaults(trains="translation", run=cmd_compare)
     add_overrides(c)
     c.add_argument("--data", required=True, help="folder written by `attnkit prepare`")
     c.add_argument("--out", required=True, help="folder for the runs (OUT/<model>), compare.{csv,md,png}")
@@ -83,7 +83,7 @@ def _add_budget_options(p, whose: str) -> None:
 
 def _add_heads(ex) -> None:
     h = ex.add_parser("heads", help="one preset with 1, 2, 4, 8 heads at equal d_model and budget; dev/test BLEU")
-    h.set_defaults(trains=True, run=cmd_heads)
+    h.set_defaults(trains="translation", run=cmd_heads)
     add_overrides(h)
     h.add_argument("--data", required=True, help="folder written by `attnkit prepare` (e.g. Multi30k)")
     h.add_argument("--out", required=True, help="folder for the runs (OUT/heads-<h>), heads.{csv,md,png}")
@@ -97,7 +97,7 @@ def _add_parts(ex) -> None:
 
     p = ex.add_parser("parts", help="one preset with one part of the paper's model taken away per row (residual, FFN, "
                                     "W^O, separate keys, sqrt(d_k), positions); equal updates; dev/test BLEU")
-    p.set_defaults(trains=True, run=cmd_parts)
+    p.set_defaults(trains="translation", run=cmd_parts)
     add_overrides(p)
     p.add_argument("--data", required=True, help="folder written by `attnkit prepare` (e.g. Multi30k)")
     p.add_argument("--out", required=True, help="folder for the runs (OUT/<part>), parts.{csv,md,png}")
@@ -114,7 +114,7 @@ def _add_ancestors(ex) -> None:
     a = ex.add_parser("ancestors", help="the fixed-vector RNN, Bahdanau, Luong (dot, general, concat, cosine), hard "
                                         "attention (REINFORCE, Gumbel) and the Transformer; equal updates; dev/test "
                                         "BLEU")
-    a.set_defaults(trains=True, run=cmd_ancestors)
+    a.set_defaults(trains="translation", run=cmd_ancestors)
     add_overrides(a)
     a.add_argument("--data", required=True, help="folder written by `attnkit prepare` (e.g. Multi30k)")
     a.add_argument("--out", required=True, help="folder for the runs (OUT/<row>), ancestors.{csv,md,png}")
@@ -132,7 +132,7 @@ def _add_row_updates(p, default: str) -> None:
 def _add_lm_ablation(ex) -> None:
     a = ex.add_parser("lm-ablation", help="Transformer-XL, no recurrence, absolute positions with recurrence, vanilla "
                                           "and LSTM LMs on one time budget; perplexity by attention length")
-    a.set_defaults(trains=True, run=cmd_lm_ablation)
+    a.set_defaults(trains="lm", run=cmd_lm_ablation)
     add_overrides(a)
     _add_corpus_options(a, "lm_ablation.{md,csv,json,png}")
     a.add_argument("--models", nargs="+", metavar="PRESET|FILE",
@@ -174,7 +174,7 @@ def _add_updates(p, required: bool = True) -> None:
 def _add_xl_table6(ex) -> None:
     a = ex.add_parser("xl-table6", help="Transformer-XL's table 6: equal segment and updates, same_length / clamp_len "
                                         "evaluation, perplexity at the training and the best attention length")
-    a.set_defaults(trains=True, run=cmd_xl_table6)
+    a.set_defaults(trains="lm", run=cmd_xl_table6)
     add_overrides(a)
     _add_corpus_options(a, "xl_table6.{md,csv,json,png}")
     _add_updates(a)
@@ -197,7 +197,7 @@ def _add_xl_table6(ex) -> None:
 def _add_recl(ex) -> None:
     a = ex.add_parser("recl", help="relative effective context length as the paper's appendix C: equal-parameter "
                                    "groups, uniform steps, every token with exactly c tokens of context")
-    a.set_defaults(trains=True, run=cmd_recl)
+    a.set_defaults(trains="lm", run=cmd_recl)
     add_overrides(a)
     _add_corpus_options(a, "recl.{md,csv,json,png}")
     _add_updates(a, required=False)
@@ -219,7 +219,7 @@ def _add_recl(ex) -> None:
 def _add_planted_recall(ex) -> None:
     a = ex.add_parser("planted-recall", help="keys planted in real text and recalled D tokens later: Transformer-XL, "
                                              "no recurrence, vanilla and LSTM trained for equal updates, recall by D")
-    a.set_defaults(trains=True, run=cmd_planted_recall)
+    a.set_defaults(trains="lm", run=cmd_planted_recall)
     add_overrides(a)
     _add_corpus_options(a, "planted/ (the planted corpus and its models), planted_recall.{md,csv,json,png}")
     _add_updates(a)

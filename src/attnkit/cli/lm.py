@@ -55,7 +55,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     p.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = verbs.add_parser("train", help="train a Transformer-XL or vanilla LM on a prepared corpus")
-    add_train_options(t, "attnkit lm prepare", f"{DEFAULT_PRESET}; with --resume: the run's")
+    add_train_options(t, "attnkit lm prepare", f"{DEFAULT_PRESET}; with --resume: the run's", "lm")
 
     e = verbs.add_parser("eval", help="loss, perplexity, bits per character and tokens/s of a checkpoint")
     e.set_defaults(keeps_freed_memory=True)

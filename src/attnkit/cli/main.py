@@ -65,7 +65,7 @@ def tune_process(args: argparse.Namespace) -> None:
 
         runtime.keep_freed_memory()
         if trains:
-            runtime.bound_kernel_caches()
+            runtime.bound_kernel_caches(trains)
 
 
 ATTNKIT_SOURCE = Path(__file__).resolve().parents[1]  # the package's folder

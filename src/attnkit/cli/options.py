@@ -118,9 +118,10 @@ def add_trust_option(p: argparse.ArgumentParser) -> None:
                    help="also load pickle / torch.save checkpoints, which can run code: only files you trust")
 
 
-def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str) -> None:
-    """The options every training verb shares; it also takes dotted config overrides."""
-    t.set_defaults(trains=True)
+def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str, trains: str) -> None:
+    """The options every training verb shares; it also takes dotted config overrides. `trains`: "translation" or
+    "lm", what the verb trains (the process is tuned for it: `attnkit.runtime.bound_kernel_caches`)."""
+    t.set_defaults(trains=trains)
     add_overrides(t)
     t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")
     t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")

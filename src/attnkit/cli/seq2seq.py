@@ -16,7 +16,7 @@ def add_parsers(sub) -> dict[str, Callable]:
                                    "score it and draw the cross-attention of one sentence. --lang zh: the same with "
                                    "Chinese numerals (三百四十五 -> three hundred and forty-five) and the `demo-zh` "
                                    "preset.")
-    d.set_defaults(trains=True)
+    d.set_defaults(trains="translation")
     add_overrides(d)
     d.add_argument("--lang", choices=["de", "zh"], default="de",
                    help="source language: German number words, or Chinese numerals (zh)")
@@ -53,7 +53,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = sub.add_parser("train", help="train a seq2seq model (Transformer, rnn-*) on a prepared corpus")
-    add_train_options(t, "attnkit prepare", "transformer-small")
+    add_train_options(t, "attnkit prepare", "transformer-small", "translation")
 
     av = sub.add_parser("average", help="average the weights of several checkpoints into a new one")
     av.add_argument("checkpoints", nargs="*", help="checkpoint files (or use --run and --last)")
