@@ -143,8 +143,8 @@ def release_kept_memory() -> bool:
 
 
 # oneDNN primitives kept by the verbs that train, by what they train: a translation step has ~27 shapes and new ones
-# with every batch; a language model's step (Transformer-XL with the adaptive softmax) has ~40-50 fixed shapes plus its
-# clusters' few bucketed ones, and with 32 kept it rebuilt ~9 kernels a step (2.4 ms, 1.2% of `lm-word-wt2`'s step)
+# with every batch; a language model's step (Transformer-XL with the adaptive softmax) has the same shapes every update
+# but more than 32 of them, so with 32 kept it rebuilt some every update (benchmarks/kernel_builds.sh, docs/speed.md)
 KERNEL_CACHE = {"translation": 32, "lm": 64}
 
 
