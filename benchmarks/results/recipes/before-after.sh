@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../../.."
 before=${1:?the commit before}; after=${2:?the commit after}; preset=${3:?multi30k or lm-word-wt2}
 case "$preset" in multi30k|lm-word-wt2) ;; *) echo "usage: $0 BEFORE AFTER multi30k|lm-word-wt2" >&2; exit 2 ;; esac
 root=runs/before-after; logs=benchmarks/results/recipes/before-after-$preset${TAG:+-$TAG}
-S=$(cd ../shared/data && pwd)
+. benchmarks/results/recipes/commit-data.sh
 export OMP_NUM_THREADS=2
 budget=(); [ -n "${MINUTES:-}" ] && budget=(--train.max_minutes="$MINUTES")
 mkdir -p "$root"
@@ -24,20 +24,12 @@ step() {  # NAME COMMAND...: the command's output and /usr/bin/time's figures in
     grep -E "Elapsed|Maximum resident" "$logs.$name.time" >> "$logs.$name.log"; rm "$logs.$name.time"
 }
 run_commit() {  # LABEL REV: prepare and train the preset with that commit's code
-    local label=$1 rev=$2 wt="$root/$1"
-    rm -rf "$wt"; git worktree prune; git worktree add -f --detach "$wt" "$rev" > /dev/null
+    local label=$1 wt="$root/$1"
+    worktree_with_data "$wt" "$2" "$preset"
     git -C "$wt" log -1 --format="$label: %h %ad %s" --date=iso > "$logs.$label.commit"
-    local attnkit=(env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit)
-    case "$preset" in
-        multi30k) "${attnkit[@]}" prepare --src de --tgt en --train "$S/multi30k/train" --valid "$S/multi30k/val" \
-                      --test "$S/multi30k/test_2016_flickr" --vocab-size 8000 --out "$wt/data" > /dev/null
-                  step "$label" "${attnkit[@]}" train --config multi30k --data "$wt/data" --out "$wt/run" --quiet \
-                      ${budget[@]+"${budget[@]}"} ;;
-        lm-word-wt2) "${attnkit[@]}" lm prepare --train "$S/wikitext-2/wiki.train.tokens.gz" \
-                      --valid "$S/wikitext-2/wiki.valid.tokens.gz" --level word --out "$wt/data" > /dev/null
-                  step "$label" "${attnkit[@]}" lm train --config lm-word-wt2 --data "$wt/data" --out "$wt/run" --quiet \
-                      ${budget[@]+"${budget[@]}"} ;;
-    esac
+    # shellcheck disable=SC2046  # the verb is one or two words
+    step "$label" env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit $(train_verb "$preset") --config "$preset" \
+        --data "$wt/data" --out "$wt/run" --quiet ${budget[@]+"${budget[@]}"}
     cp "$wt/run/metrics.csv" "$logs.$label.metrics.csv"; cp "$wt/run/train.log" "$logs.$label.train.log"
 }
 run_commit after "$after"

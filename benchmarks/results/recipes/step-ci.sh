@@ -13,26 +13,15 @@ cd "$(dirname "$0")/../../.."
 before=${1:?the commit before}; after=${2:?the commit after}; preset=${3:?multi30k or lm-word-wt2}
 rounds=${ROUNDS:-8}; steps=${STEPS:-400}
 ((rounds >= 2 && rounds <= 16)) || { echo "ROUNDS must be 2-16" >&2; exit 2; }
-root=runs/step-ci; S=$(cd ../shared/data && pwd)
+root=runs/step-ci
+. benchmarks/results/recipes/commit-data.sh
 export OMP_NUM_THREADS=2
-setup() {  # LABEL REV: a worktree of that commit with its own prepared data
+train() {  # LABEL: STEPS updates of the preset; prints the mean step over updates 50 to STEPS (ms), the peak RSS (MiB)
     local wt="$root/$1"
-    rm -rf "$wt"; git worktree prune; git worktree add -f --detach "$wt" "$2" > /dev/null 2>&1
-    git -C "$wt" log -1 --format="$1: %h %ad %s" --date=iso
-    local attnkit=(env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit)
-    case "$preset" in
-        multi30k) "${attnkit[@]}" prepare --src de --tgt en --train "$S/multi30k/train" --valid "$S/multi30k/val" \
-                      --test "$S/multi30k/test_2016_flickr" --vocab-size 8000 --out "$wt/data" > /dev/null ;;
-        lm-word-wt2) "${attnkit[@]}" lm prepare --train "$S/wikitext-2/wiki.train.tokens.gz" \
-                      --valid "$S/wikitext-2/wiki.valid.tokens.gz" --level word --out "$wt/data" > /dev/null ;;
-        *) echo "usage: $0 BEFORE AFTER multi30k|lm-word-wt2" >&2; exit 2 ;;
-    esac
-}
-train() {  # LABEL: STEPS updates of the preset; prints the mean step over updates 50 to STEPS (ms) and the peak RSS (MiB)
-    local wt="$root/$1" cmd=(train --config "$preset"); [ "$preset" = lm-word-wt2 ] && cmd=(lm train --config "$preset")
     rm -rf "$wt/run"
-    env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit "${cmd[@]}" --data "$wt/data" --out "$wt/run" --quiet \
-        --train.max_steps="$steps" > "$root/$1.log" 2>&1
+    # shellcheck disable=SC2046  # the verb is one or two words
+    env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit $(train_verb "$preset") --config "$preset" --data "$wt/data" \
+        --out "$wt/run" --quiet --train.max_steps="$steps" > "$root/$1.log" 2>&1
     python3 - "$wt/run/metrics.csv" "$steps" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"]
@@ -42,7 +31,11 @@ peak = max(float(r.get("peak_rss_mb") or r["rss_mb"]) for r in rows)  # older co
 print(f"{1e3 * (t[last] - t[50]) / (last - 50):.1f} {peak:.0f}")
 PY
 }
-setup before "$before"; setup after "$after"
+for side in before after; do
+    rev=$before; [ $side = after ] && rev=$after
+    worktree_with_data "$root/$side" "$rev" "$preset"
+    git -C "$root/$side" log -1 --format="$side: %h %ad %s" --date=iso
+done
 declare -a b_ms a_ms
 for ((r = 1; r <= rounds; r++)); do
     order=(before after); ((r % 2 == 0)) && order=(after before)
