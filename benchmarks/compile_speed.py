@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from train_profile import RECIPES, as_attnkit_train, recipe_arguments, recipe_trainer, write_results
+from train_profile import RECIPES, each_recipe, recipe_arguments, recipe_trainer, write_results
 
 
 def timed_updates(recipe: str, scratch: Path, updates: int, compile_: bool, overrides: list[str]
@@ -86,8 +86,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="config overrides for every recipe and setting (train.device=cuda: on a GPU)")
     args = ap.parse_args()
-    as_attnkit_train()
-    rows = [measure(r, args.scratch, args.warmup, args.steps, args.set) for r in args.recipes]
+    rows = each_recipe(args.recipes, "compile", lambda r: measure(r, args.scratch, args.warmup, args.steps, args.set))
     write_results(args.out, "compile", rows, table(rows))
 
 

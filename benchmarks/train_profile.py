@@ -12,8 +12,8 @@ the wall time of the steps that no operator accounts for: the interpreter, the b
 own cost. Then a few updates under torch's FLOP counter (matrix products, attention and the LSTM's fused cells,
 forward and backward) and as many plain ones as were profiled, timed: the step's rate in GFLOP/s beside the
 machine's matmul peak in the recipe's precision (`attnkit bench`'s: the fastest of a 1024³, 2048³ and 4096³
-product), measured in the same process. The process is set up as `attnkit train` sets up its own
-(`as_attnkit_train`). Writes OUT/train-profile.md and .json.
+product), measured in the same process. Each recipe runs in a process of its own, set up as `attnkit train` sets
+up its own for that recipe (`as_attnkit_train`). Writes OUT/train-profile.md and .json.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,6 +68,7 @@ RECIPES = {  # name: (trainer kind, preset, data folder under --scratch)
     "lm-char-small": ("lm", "lm-char-small", "shakespeare"),
     "lm-char-small-xl": ("lm", "lm-char-small-xl", "shakespeare"),
 }
+CACHE_KIND = {"mt": "translation", "lm": "lm"}  # trainer kind: its verbs' kernel cache (runtime.KERNEL_CACHE)
 PREPARE = {
     "multi30k": ["prepare", "--src", "de", "--tgt", "en", "--train", f"{SHARED}/multi30k/train", "--valid",
                  f"{SHARED}/multi30k/val", "--vocab-size", "8000"],
@@ -192,13 +195,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def as_attnkit_train() -> None:
-    """This process set up as `attnkit train` sets up its own: 2 threads, glibc keeping freed memory for reuse and
-    oneDNN's kernel caches kept small (`attnkit.cli.main.tune_process`); without them a step's fresh large tensors
-    cost page faults the recipes never pay (the chunked loss's exp took 1.7 ms a chunk instead of 0.6)."""
+def as_attnkit_train(recipe: str) -> None:
+    """This process set up as `attnkit train` sets up its own for `recipe`: 2 threads, glibc keeping freed memory for
+    reuse and oneDNN's kernel caches kept small, at the size for its kind (`attnkit.cli.main.tune_process`); without
+    them a step's fresh large tensors cost page faults the recipes never pay (the chunked loss's exp took 1.7 ms a
+    chunk instead of 0.6)."""
     torch.set_num_threads(2)
     runtime.keep_freed_memory()
-    runtime.bound_kernel_caches()
+    runtime.bound_kernel_caches(CACHE_KIND[RECIPES[recipe][0]])
+
+
+def each_recipe(recipes: list[str], name: str, measure_one: Callable[[str], dict]) -> list[dict]:
+    """The rows of `recipes`: one is measured in this process; several each in a process of its own, this script
+    run again for it alone (oneDNN reads its kernel cache's size once a process, and the translation and LM verbs
+    size it differently), its row read back from the NAME.json it writes."""
+    if len(recipes) == 1:
+        as_attnkit_train(recipes[0])
+        return [measure_one(recipes[0])]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in recipes:  # argparse keeps an option's last occurrence: these two replace the command's own
+            subprocess.run([sys.executable, sys.argv[0], *sys.argv[1:], "--out", tmp, "--recipes", recipe],
+                           check=True, stdout=subprocess.DEVNULL)
+            rows += json.loads((Path(tmp) / f"{name}.json").read_text(encoding="utf-8"))
+    return rows
 
 
 def recipe_arguments(ap: argparse.ArgumentParser) -> None:
@@ -223,9 +243,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
-    as_attnkit_train()
     _wrap_loss()
-    rows = [profile_recipe(r, args.scratch, args.warmup, args.steps) for r in args.recipes]
+    rows = each_recipe(args.recipes, "train-profile",
+                       lambda r: profile_recipe(r, args.scratch, args.warmup, args.steps))
     write_results(args.out, "train-profile", rows, table(rows))
 
 
