@@ -60,15 +60,14 @@ CATEGORIES = {
     "masks": ("aten::eq", "aten::ne", "aten::lt", "aten::ge", "masked_fill", "aten::triu", "aten::tril",
               "logical_not", "aten::where"),
 }
-RECIPES = {  # name: (trainer kind, preset, data folder under --scratch)
-    "demo": ("mt", DEMO_PRESETS["de"], "demo"),
-    "multi30k": ("mt", "multi30k", "multi30k"),
-    "tatoeba-zh-en": ("mt", "tatoeba-zh-en", "tatoeba-zh-en"),
+RECIPES = {  # name: (what it trains, as runtime.KERNEL_CACHE names it; preset; data folder under --scratch)
+    "demo": ("translation", DEMO_PRESETS["de"], "demo"),
+    "multi30k": ("translation", "multi30k", "multi30k"),
+    "tatoeba-zh-en": ("translation", "tatoeba-zh-en", "tatoeba-zh-en"),
     "lm-word-wt2": ("lm", "lm-word-wt2", "wt2"),
     "lm-char-small": ("lm", "lm-char-small", "shakespeare"),
     "lm-char-small-xl": ("lm", "lm-char-small-xl", "shakespeare"),
 }
-CACHE_KIND = {"mt": "translation", "lm": "lm"}  # trainer kind: its verbs' kernel cache (runtime.KERNEL_CACHE)
 PREPARE = {
     "multi30k": ["prepare", "--src", "de", "--tgt", "en", "--train", f"{SHARED}/multi30k/train", "--valid",
                  f"{SHARED}/multi30k/val", "--vocab-size", "8000"],
@@ -112,7 +111,7 @@ def recipe_trainer(recipe: str, scratch: Path, updates: int, *overrides: str) ->
     kind, preset, data = RECIPES[recipe]
     data_dir = prepared(data, scratch)
     budget = [f"train.max_steps={updates}", "train.max_minutes=0", "train.horizon=steps", *overrides]
-    if kind == "mt":
+    if kind == "translation":
         cfg = cfgmod.resolve([preset], [*budget, "train.eval_bleu=false", "train.best_metric=loss"])
         return Trainer(cfg, data_dir, scratch / "runs" / recipe, force=True, progress=False)
     cfg = cfgmod.resolve([preset], [*budget, "train.eval_max_tokens=1024", "train.eval_interval=100000"],
@@ -202,7 +201,7 @@ def as_attnkit_train(recipe: str) -> None:
     chunk instead of 0.6)."""
     torch.set_num_threads(2)
     runtime.keep_freed_memory()
-    runtime.bound_kernel_caches(CACHE_KIND[RECIPES[recipe][0]])
+    runtime.bound_kernel_caches(RECIPES[recipe][0])
 
 
 def each_recipe(recipes: list[str], name: str, measure_one: Callable[[str], dict]) -> list[dict]:
