@@ -119,12 +119,12 @@ class LMTrainer(TrainerBase):
                 for tau in range(min(PROBE_BATCHES, len(self.streams)))]
 
     def precision_passes(self) -> Passes:
-        """Forward + backward of the first segments (the memory flowing through them; the streams in row slices),
-        for `train.dtype: auto`."""
+        """Forward + backward of the first segments (the memory flowing through them; in float32 the streams in row
+        slices), for `train.dtype: auto`."""
         segments = self.first_segments()
 
         def passes(dtype: str) -> None:
-            for rows in probe_parts(len(segments[0][0])):
+            for rows in probe_parts(len(segments[0][0]), dtype):
                 mems = None
                 for x, y in segments:
                     nll, mems = self.segment_nll(self.model, x[rows], y[rows], mems, dtype)

@@ -9,10 +9,13 @@ own float32 1.13x) and 0.72x on a 2-core Xeon (docs/speed.md). So `auto` decides
 - on a CPU whose flags show no bf16 instructions, float32, without timing;
 - on any other CPU, by timing forward + backward over the run's first few batches in each precision (one untimed
   round each, then PROBE_ROUNDS alternating rounds, summed over DDP ranks so that all choose alike): bfloat16 when it
-  takes under BF16_MARGIN of float32's time, since float32 is the exact one. Each batch runs as PROBE_PARTS row
-  slices (`probe_parts`): the same work, but a float32 pass then holds half a batch's activations, less than a
+  takes under BF16_MARGIN of float32's time, since float32 is the exact one. A float32 pass runs each batch as
+  PROBE_PARTS row slices (`probe_parts`): the same work, holding half a batch's float32 activations, about what a
   bfloat16 training step holds, so the probe does not set the run's peak memory (with whole batches it added
-  ~280 MB to the Multi30k preset's, docs/speed.md);
+  ~280 MB to the Multi30k preset's, docs/speed.md). A bfloat16 pass runs whole batches, as a training step does:
+  oneDNN builds bf16 kernels for each new shape, more per batch than its cache keeps, so slices built them twice
+  and, on a 2-core Xeon with AMX, timed Tatoeba's bfloat16 at 0.95-1.10x float32's where its steps take 0.75x
+  (docs/speed.md). float32's products build no kernels, and ran as fast sliced as whole there;
 - elsewhere (MPS), float32.
 
 The probe leaves no trace (`no_trace`): the RNG, the buffers and the gradients are restored, so a run with `auto`
@@ -45,9 +48,10 @@ class Choice:
     seconds: float = 0.0  # wall-clock the probe took
 
 
-def probe_parts(rows: int) -> list[slice]:
-    """The row slices a probe batch of `rows` rows runs as: PROBE_PARTS of them (fewer when it has fewer rows)."""
-    size = -(-rows // PROBE_PARTS)
+def probe_parts(rows: int, dtype: str) -> list[slice]:
+    """The row slices a probe batch of `rows` rows runs as in `dtype`: the whole batch in bfloat16; in float32
+    PROBE_PARTS slices (fewer when it has fewer rows)."""
+    size = rows if dtype == "bfloat16" else -(-rows // PROBE_PARTS)
     return [slice(start, start + size) for start in range(0, rows, size)]
 
 

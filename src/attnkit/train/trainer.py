@@ -154,13 +154,15 @@ class Trainer(TrainerBase):
         return loss, nll, aux
 
     def precision_passes(self) -> Passes:
-        """Forward + backward of the first batches of epoch 0 (their sentences, in row slices), for `train.dtype:
-        auto`."""
-        parts = [rows[s] for rows in self.sampler.batches(0)[:PROBE_BATCHES] for s in probe_parts(len(rows))]
-        batches = [b.to(self.device) for b in iterate_batches(self.train_split, parts)]
+        """Forward + backward of the first batches of epoch 0 (their sentences; in float32 in row slices), for
+        `train.dtype: auto`."""
+        first = self.sampler.batches(0)[:PROBE_BATCHES]
+        batches = {dtype: [b.to(self.device) for b in iterate_batches(
+            self.train_split, [rows[s] for rows in first for s in probe_parts(len(rows), dtype)])]
+            for dtype in ("float32", "bfloat16")}
 
         def passes(dtype: str) -> None:
-            for batch in batches:
+            for batch in batches[dtype]:
                 loss, _, aux = self.batch_losses(lambda b: training_forward(self.model, b), batch, dtype)
                 (loss + aux).backward()
         return passes
