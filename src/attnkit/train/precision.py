@@ -14,7 +14,7 @@ own float32 1.13x) and 0.72x on a 2-core Xeon (docs/speed.md). So `auto` decides
   bfloat16 training step holds, so the probe does not set the run's peak memory (with whole batches it added
   ~280 MB to the Multi30k preset's, docs/speed.md). A bfloat16 pass runs whole batches, as a training step does:
   oneDNN builds bf16 kernels for each new shape, more per batch than its cache keeps, so slices built them twice
-  and, on a 2-core Xeon with AMX, timed Tatoeba's bfloat16 at 0.95-1.10x float32's where its steps take 0.75x
+  and, on a 2-core Xeon with AMX, timed Tatoeba's bfloat16 at 0.95-1.10x float32's where its steps take 0.75-0.82x
   (docs/speed.md). float32's products build no kernels, and ran as fast sliced as whole there;
 - elsewhere (MPS), float32.
 
