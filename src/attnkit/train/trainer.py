@@ -157,9 +157,11 @@ class Trainer(TrainerBase):
         """Forward + backward of the first batches of epoch 0 (their sentences; in float32 in row slices), for
         `train.dtype: auto`."""
         first = self.sampler.batches(0)[:PROBE_BATCHES]
-        batches = {dtype: [b.to(self.device) for b in iterate_batches(
-            self.train_split, [rows[s] for rows in first for s in probe_parts(len(rows), dtype)])]
-            for dtype in ("float32", "bfloat16")}
+
+        def parts(dtype: str) -> list[Batch]:
+            sliced = [rows[s] for rows in first for s in probe_parts(len(rows), dtype)]
+            return [b.to(self.device) for b in iterate_batches(self.train_split, sliced)]
+        batches = {dtype: parts(dtype) for dtype in ("float32", "bfloat16")}
 
         def passes(dtype: str) -> None:
             for batch in batches[dtype]:
