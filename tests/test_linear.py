@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.nn import FeedForward, Linear, linear
-from attnkit.nn.linear import PackedWeights, packable, prepacked
+from attnkit.nn.linear import PackedWeights, packable, prepacked, stable_rows
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built in")
 ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}
@@ -126,3 +126,78 @@ def test_packed_linear_in_bfloat16():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), F.linear(x.float(), lin.weight.float(), lin.bias.float()),
                                atol=0.05, rtol=0.02)
+
+
+# --- stable_rows: products on a stable row count in training (oneDNN builds a kernel per product shape) --------------
+def rows_seen(monkeypatch) -> list[int]:
+    """The row count of every product F.linear runs from now on."""
+    seen, plain = [], F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: seen.append(x.numel() // x.size(-1)) or plain(x, w, b))
+    return seen
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("shape, multiple", [((2, 7, 16), 8), ((5, 16), 32), ((3, 4, 16), 12), ((0, 16), 8)])
+def test_stable_rows_pads_the_products_and_gives_f_linear_s_values_and_gradients(monkeypatch, autocast, shape,
+                                                                                  multiple):
+    torch.manual_seed(6)
+    lin, x = Linear(16, 24), torch.randn(shape)
+    outs = {}
+    for scoped in (False, True):
+        lin.zero_grad()
+        xi = x.clone().requires_grad_()
+        seen = rows_seen(monkeypatch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), stable_rows(multiple if scoped else 0):
+            y = linear(xi, lin.weight, lin.bias, activation="relu")
+        y.float().square().sum().backward()
+        outs[scoped] = y, xi.grad, lin.weight.grad.clone(), lin.bias.grad.clone()
+        n = x.numel() // x.size(-1)
+        assert seen == [-(-n // multiple) * multiple if scoped else n]  # rounded up to the multiple, or as they were
+        monkeypatch.undo()
+    assert outs[True][0].shape == (*shape[:-1], 24)
+    tolerance = dict(atol=2e-2, rtol=2e-2) if autocast else {}
+    for plain, padded in zip(outs[False], outs[True]):
+        torch.testing.assert_close(padded, plain, **tolerance)
+
+
+def test_stable_rows_ends_with_its_scope_and_nests(monkeypatch):
+    lin, x = Linear(4, 3), torch.randn(5, 4)
+    seen = rows_seen(monkeypatch)
+    with stable_rows(8):
+        linear(x, lin.weight)
+        with stable_rows(0):
+            linear(x, lin.weight)
+        linear(x, lin.weight)
+    linear(x, lin.weight)
+    assert seen == [8, 5, 8, 5]
+
+
+ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+BUILDS = """
+import sys, torch, torch.nn.functional as F
+from attnkit.nn.linear import linear, stable_rows
+w = torch.randn(64, 32, requires_grad=True)
+with stable_rows(int(sys.argv[1])):
+    for n in (200, 203, 190, 256, 211):  # a new row count each step, as token-budget batches give
+        x = torch.randn(n, 32, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = linear(x, w)
+        y.float().sum().backward()
+"""
+
+
+@pytest.mark.skipif(not ONEDNN_BF16, reason="no bfloat16 oneDNN kernels on this CPU")
+def test_stable_rows_lets_onednn_build_each_product_s_kernel_once():
+    """What the scope is for: five steps of new row counts build a forward, an input-gradient and a weight-gradient
+    kernel each without it (15), and the three once with it (ONEDNN_VERBOSE counts the builds)."""
+    import os
+    import subprocess
+    import sys
+
+    def builds(multiple: int) -> int:
+        env = {**os.environ, "ONEDNN_VERBOSE": "profile_create", "OMP_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", BUILDS, str(multiple)], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        return sum(",create:cache_miss," in line and ",matmul," in line for line in out.splitlines())
+    assert builds(0) == 15
+    assert builds(256) == 3

@@ -205,3 +205,28 @@ def test_the_language_model_probe_does_the_first_segments_work_in_row_slices(tmp
             nll, mems = trainer.segment_nll(trainer.model, x, y, mems, "float32")
             nll.backward()
     assert_same_gradients(*probe_and_whole_gradients(trainer.model, trainer.precision_passes(), whole))
+
+
+# --- where kernel builds are costly (AMX), bf16 training runs its products on the token budget's rows -------------
+def test_a_bf16_step_on_amx_pads_its_products_to_the_token_budget_and_trains_as_without(tmp_path, data_dir,
+                                                                                       monkeypatch):
+    import torch.nn.functional as F
+
+    from attnkit.train import trainer as trainer_module
+
+    rows, plain = [], F.linear
+    def spy(x, w, b=None):
+        if torch.is_grad_enabled():  # training, not the evaluations
+            rows.append(x.numel() // x.size(-1))
+        return plain(x, w, b)
+    monkeypatch.setattr(F, "linear", spy)
+    runs = {}
+    for costly in (False, True):
+        monkeypatch.setattr(trainer_module, "kernel_builds_costly", lambda device, dtype, costly=costly: costly)
+        rows.clear()
+        runs[costly] = seq2seq_run(tmp_path, data_dir, f"costly-{costly}", "bfloat16", steps=4)
+        trained = set(rows)  # the row counts the steps' products ran on
+        budget = runs[costly].cfg.train.max_tokens
+        assert trained == {budget} if costly else len(trained) > 1 and max(trained) <= budget
+    for (name, a), b in zip(runs[False].model.state_dict().items(), runs[True].model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=2e-3, msg=name)

@@ -102,3 +102,23 @@ def test_this_machines_flags_are_read():
 
     flags = cpu_flags()
     assert not flags or {"avx2", "avx512f", "sse2", "fp", "asimd"} & flags  # x86 or Arm names, when Linux lists them
+
+
+@pytest.mark.parametrize("flags, isa, device, dtype, costly", [
+    ({"amx_tile", "amx_bf16", "avx512_bf16"}, None, "cpu", "bfloat16", True),
+    ({"amx_tile", "amx_bf16", "avx512_bf16"}, "AVX10_1_512_AMX", "cpu", "bfloat16", True),
+    ({"amx_tile", "amx_bf16", "avx512_bf16"}, "avx512_core_bf16", "cpu", "bfloat16", False),  # oneDNN told not to
+    ({"amx_tile", "amx_bf16", "avx512_bf16"}, None, "cpu", "float32", False),  # float32 products build nothing
+    ({"amx_tile", "amx_bf16"}, None, "cuda", "bfloat16", False),
+    ({"avx512f", "avx512_bf16"}, None, "cpu", "bfloat16", False),  # AVX-512 BF16: builds cost ~0.4 ms
+])
+def test_kernel_builds_are_costly_where_onednn_runs_amx(monkeypatch, flags, isa, device, dtype, costly):
+    from attnkit import runtime
+
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if isa is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    assert runtime.kernel_builds_costly(torch.device(device), dtype) is costly

@@ -34,7 +34,8 @@ from attnkit.data.batching import Batch
 from attnkit.data.dataset import data_languages
 from attnkit.decode.translator import Translator
 from attnkit.eval import TokenizerChoice, bleu_tokenizer, translate_and_score
-from attnkit.runtime import autocast
+from attnkit.nn.linear import stable_rows
+from attnkit.runtime import autocast, kernel_builds_costly
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
 from attnkit.train.losses import label_smoothed_nll
@@ -148,10 +149,15 @@ class Trainer(TrainerBase):
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
         """The label-smoothed loss and the NLL (summed over target tokens) and the auxiliary loss of `batch` under
         `forward(batch) -> (logits (B, T, V), aux)` in precision `dtype`."""
-        with autocast(self.device, dtype):
+        with autocast(self.device, dtype), stable_rows(self.row_multiple(dtype)):
             logits, aux = forward(batch)
         loss, nll = label_smoothed_nll(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD_ID)
         return loss, nll, aux
+
+    def row_multiple(self, dtype: str) -> int:
+        """The token budget where products in `dtype` run on padded, stable row counts (nn.linear.stable_rows);
+        0 elsewhere."""
+        return self.cfg.train.max_tokens if kernel_builds_costly(self.device, dtype) else 0
 
     def precision_passes(self) -> Passes:
         """Forward + backward of the first batches of epoch 0 (their sentences; in float32 in row slices), for
