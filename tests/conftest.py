@@ -34,6 +34,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def linear_rows(monkeypatch, training_only: bool = False) -> list[int]:
+    """The row count of every product F.linear runs from now on (`training_only`: those that record gradients)."""
+    seen, plain = [], torch.nn.functional.linear
+
+    def spy(x, w, b=None):
+        if torch.is_grad_enabled() or not training_only:
+            seen.append(x.numel() // x.size(-1))
+        return plain(x, w, b)
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    return seen
+
+
 def tiny_model_config(**kw) -> TransformerConfig:
     base = dict(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
                 n_decoder_layers=2, dropout=0.0)

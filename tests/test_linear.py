@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from attnkit.nn import FeedForward, Linear, linear
 from attnkit.nn.linear import PackedWeights, packable, prepacked, stable_rows
+from conftest import linear_rows
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built in")
 ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}
@@ -129,13 +130,6 @@ def test_packed_linear_in_bfloat16():
 
 
 # --- stable_rows: products on a stable row count in training (oneDNN builds a kernel per product shape) --------------
-def rows_seen(monkeypatch) -> list[int]:
-    """The row count of every product F.linear runs from now on."""
-    seen, plain = [], F.linear
-    monkeypatch.setattr(F, "linear", lambda x, w, b=None: seen.append(x.numel() // x.size(-1)) or plain(x, w, b))
-    return seen
-
-
 @pytest.mark.parametrize("autocast", [False, True])
 @pytest.mark.parametrize("shape, multiple", [((2, 7, 16), 8), ((5, 16), 32), ((3, 4, 16), 12), ((0, 16), 8)])
 def test_stable_rows_pads_the_products_and_gives_f_linear_s_values_and_gradients(monkeypatch, autocast, shape,
@@ -146,7 +140,7 @@ def test_stable_rows_pads_the_products_and_gives_f_linear_s_values_and_gradients
     for scoped in (False, True):
         lin.zero_grad()
         xi = x.clone().requires_grad_()
-        seen = rows_seen(monkeypatch)
+        seen = linear_rows(monkeypatch)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), stable_rows(multiple if scoped else 0):
             y = linear(xi, lin.weight, lin.bias, activation="relu")
         y.float().square().sum().backward()
@@ -162,7 +156,7 @@ def test_stable_rows_pads_the_products_and_gives_f_linear_s_values_and_gradients
 
 def test_stable_rows_ends_with_its_scope_and_nests(monkeypatch):
     lin, x = Linear(4, 3), torch.randn(5, 4)
-    seen = rows_seen(monkeypatch)
+    seen = linear_rows(monkeypatch)
     with stable_rows(8):
         linear(x, lin.weight)
         with stable_rows(0):

@@ -13,7 +13,7 @@ from attnkit.train import precision
 from attnkit.train.lm_trainer import LMTrainer
 from attnkit.train.precision import BF16_MARGIN, choose_dtype
 from attnkit.train.trainer import Trainer
-from conftest import LM_TEXT, LM_TINY, tiny_model_config, tiny_run_config
+from conftest import LM_TEXT, LM_TINY, linear_rows, tiny_model_config, tiny_run_config
 
 CPU = torch.device("cpu")
 
@@ -210,16 +210,9 @@ def test_the_language_model_probe_does_the_first_segments_work_in_row_slices(tmp
 # --- where kernel builds are costly (AMX), bf16 training runs its products on the token budget's rows -------------
 def test_a_bf16_step_on_amx_pads_its_products_to_the_token_budget_and_trains_as_without(tmp_path, data_dir,
                                                                                        monkeypatch):
-    import torch.nn.functional as F
-
     from attnkit.train import trainer as trainer_module
 
-    rows, plain = [], F.linear
-    def spy(x, w, b=None):
-        if torch.is_grad_enabled():  # training, not the evaluations
-            rows.append(x.numel() // x.size(-1))
-        return plain(x, w, b)
-    monkeypatch.setattr(F, "linear", spy)
+    rows = linear_rows(monkeypatch, training_only=True)  # not the evaluations
     runs = {}
     for costly in (False, True):
         monkeypatch.setattr(trainer_module, "kernel_builds_costly", lambda device, dtype, costly=costly: costly)

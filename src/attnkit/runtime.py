@@ -58,7 +58,7 @@ def cpu_flags() -> set[str]:
 
 def kernel_builds_costly(device: torch.device, dtype: str) -> bool:
     """Whether products in `dtype` on `device` build their kernels slowly enough for training to keep its product
-    shapes stable (attnkit.nn.linear.stable_rows): bf16 on a CPU whose oneDNN runs AMX, ~2.3 ms a kernel."""
+    shapes stable (attnkit.nn.linear.stable_rows): bf16 on a CPU whose oneDNN runs AMX, 2-25 ms a kernel."""
     if device.type != "cpu" or dtype != "bfloat16" or "amx_bf16" not in cpu_flags():
         return False
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()  # a cap set here
