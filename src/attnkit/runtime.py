@@ -46,14 +46,15 @@ def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
-def cpu_flags() -> set[str]:
+@functools.cache  # read once: the trainers ask on every batch
+def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags as Linux lists them (x86 `flags`, Arm `Features`; empty where /proc/cpuinfo is not)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
-    return set(line.partition(":")[2].split())
+    return frozenset(line.partition(":")[2].split())
 
 
 def kernel_builds_costly(device: torch.device, dtype: str) -> bool:
