@@ -163,17 +163,34 @@ print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], rss_mb() - start)
 """
 
 
+def shapes_growth(argv: list[str], kept: str | None = None) -> tuple[int, float]:
+    """The kernels oneDNN keeps and the MB the process grows by over 180 new shapes, with `argv`'s settings (or `kept`
+    given in the environment, which wins over them)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    if kept is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = kept
+    done = subprocess.run([sys.executable, "-c", _SHAPES, *argv], env=env, capture_output=True, text=True, check=True)
+    n, grown = done.stdout.split()
+    return int(n), float(grown)
+
+
+@pytest.fixture(scope="module")
+def default_growth(tmp_path_factory) -> float:
+    """MB over the same shapes with oneDNN's own cache of 1,024 kernels (a kept kernel's weight depends on the CPU)."""
+    out = tmp_path_factory.mktemp("defaults")
+    return shapes_growth(["train", "--data", str(out), "--out", str(out / "run")], kept="1024")[1]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
-@pytest.mark.parametrize("verb, kind, bound", [(["train"], "translation", 200), (["lm", "train"], "lm", 300)])
-def test_a_training_verb_keeps_memory_flat_under_changing_shapes(tmp_path, verb, kind, bound):
+@pytest.mark.parametrize("verb, kind", [(["train"], "translation"), (["lm", "train"], "lm")])
+def test_a_training_verb_keeps_memory_flat_under_changing_shapes(tmp_path, verb, kind, default_growth):
     from attnkit.runtime import KERNEL_CACHE
 
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-    argv = [*verb, "--data", str(tmp_path), "--out", str(tmp_path / "run")]
-    done = subprocess.run([sys.executable, "-c", _SHAPES, *argv], env=env, capture_output=True, text=True, check=True)
-    kept, grown = done.stdout.split()
-    assert int(kept) == KERNEL_CACHE[kind]  # the size for what the verb trains
-    assert float(grown) < bound  # MB over 180 new shapes (32 kept: ~150, 64: ~210); with oneDNN's defaults about 500
+    kept, grown = shapes_growth([*verb, "--data", str(tmp_path), "--out", str(tmp_path / "run")])
+    assert kept == KERNEL_CACHE[kind]  # the size for what the verb trains
+    # MB over 180 new shapes against oneDNN's defaults: on a 2-core EPYC 32 kept ~150, 64 ~210, the defaults ~500; on a
+    # Xeon with AMX, whose kernels weigh more, 170-206, 285-332 and 850
+    assert grown < 0.5 * default_growth
 
 
 def test_the_library_leaves_the_kernel_caches_alone(monkeypatch, tmp_path, data_dir):
