@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import yaml
@@ -207,19 +209,29 @@ def test_the_language_model_probe_does_the_first_segments_work_in_row_slices(tmp
     assert_same_gradients(*probe_and_whole_gradients(trainer.model, trainer.precision_passes(), whole))
 
 
-# --- where kernel builds are costly (AMX), bf16 training runs its products on the token budget's rows -------------
-def test_a_bf16_step_on_amx_pads_its_products_to_the_token_budget_and_trains_as_without(tmp_path, data_dir,
-                                                                                       monkeypatch):
+# --- where kernel builds are costly (AMX), bf16 training keeps its products' shapes: the linear maps run on the
+# token budget's rows and attention multiplies in float32 ------------------------------------------------------------
+def test_a_bf16_step_on_amx_keeps_its_product_shapes_and_trains_as_without(tmp_path, data_dir, monkeypatch):
+    from attnkit.nn import attention as attention_module
     from attnkit.train import trainer as trainer_module
 
     rows = linear_rows(monkeypatch, training_only=True)  # not the evaluations
+    widened = []  # the dtypes attention took float32 products on
+    plain = attention_module.attend_float32
+    monkeypatch.setattr(attention_module, "attend_float32", lambda q, *a, **kw: widened.append(q.dtype) or plain(q, *a,
+                                                                                                              **kw))
     runs = {}
     for costly in (False, True):
         monkeypatch.setattr(trainer_module, "kernel_builds_costly", lambda device, dtype, costly=costly: costly)
         rows.clear()
+        widened.clear()
         runs[costly] = seq2seq_run(tmp_path, data_dir, f"costly-{costly}", "bfloat16", steps=4)
         trained = set(rows)  # the row counts the steps' products ran on
         budget = runs[costly].cfg.train.max_tokens
         assert trained == {budget} if costly else len(trained) > 1 and max(trained) <= budget
-    for (name, a), b in zip(runs[False].model.state_dict().items(), runs[True].model.state_dict().values()):
+        assert set(widened) == ({torch.bfloat16} if costly else set())
+    # The zero rows change nothing: the same run with the rows as they come (attention in float32 on both sides).
+    monkeypatch.setattr(trainer_module, "stable_rows", lambda multiple: contextlib.nullcontext())
+    unpadded = seq2seq_run(tmp_path, data_dir, "unpadded", "bfloat16", steps=4)
+    for (name, a), b in zip(unpadded.model.state_dict().items(), runs[True].model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0.02, atol=2e-3, msg=name)

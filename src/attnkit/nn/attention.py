@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.nn.dropout import drop
+from attnkit.nn.float32_attention import attend_float32, float32_products_wanted
 from attnkit.nn.linear import Linear, linear
 from attnkit.nn.masks import causal_mask
 
@@ -206,6 +207,9 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, H, T, Dh) queries over (B, H, S, Dh) keys -> ((B, T, D), weights (B, H, T, S) or None)."""
         if need_weights or (q.device.type == "cpu" and (self.training and self.dropout > 0 or _short(q, k))):
+            if not need_weights and self.training and float32_products_wanted(q):
+                out = attend_float32(q, k, v, mask=mask, causal=causal, scale=self.score_scale, dropout=self.dropout)
+                return self.merge_heads(out), None
             # On CPU, SDPA draws attention dropout with bernoulli_ on its math path; `weigh` uses `drop`.
             out, weights = self.weigh(self.scores(q, k), v, mask=mask, causal=causal)
             return out, (weights if need_weights else None)

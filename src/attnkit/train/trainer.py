@@ -8,10 +8,11 @@ weights, optimizer, schedule position, RNG and the position inside the epoch's b
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from attnkit.data.batching import Batch
 from attnkit.data.dataset import data_languages
 from attnkit.decode.translator import Translator
 from attnkit.eval import TokenizerChoice, bleu_tokenizer, translate_and_score
+from attnkit.nn.float32_attention import float32_products
 from attnkit.nn.linear import stable_rows
 from attnkit.runtime import autocast, kernel_builds_costly
 from attnkit.train.base import TrainerBase
@@ -149,15 +151,19 @@ class Trainer(TrainerBase):
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
         """The label-smoothed loss and the NLL (summed over target tokens) and the auxiliary loss of `batch` under
         `forward(batch) -> (logits (B, T, V), aux)` in precision `dtype`."""
-        with autocast(self.device, dtype), stable_rows(self.row_multiple(dtype)):
+        with autocast(self.device, dtype), self.stable_kernels(dtype):
             logits, aux = forward(batch)
         loss, nll = label_smoothed_nll(logits, batch.tgt_out, self.cfg.train.label_smoothing, PAD_ID)
         return loss, nll, aux
 
-    def row_multiple(self, dtype: str) -> int:
-        """The token budget where products in `dtype` run on padded, stable row counts (nn.linear.stable_rows);
-        0 elsewhere."""
-        return self.cfg.train.max_tokens if kernel_builds_costly(self.device, dtype) else 0
+    @contextlib.contextmanager
+    def stable_kernels(self, dtype: str) -> Iterator[None]:
+        """Where oneDNN's kernel builds are costly for `dtype` (runtime.kernel_builds_costly), a scope in which the
+        products keep their shapes from step to step: the linear maps run on the token budget's rows
+        (nn.linear.stable_rows) and attention multiplies in float32 (nn.float32_attention); elsewhere nothing."""
+        costly = kernel_builds_costly(self.device, dtype)
+        with stable_rows(self.cfg.train.max_tokens if costly else 0), float32_products(costly):
+            yield
 
     def precision_passes(self) -> Passes:
         """Forward + backward of the first batches of epoch 0 (their sentences; in float32 in row slices), for

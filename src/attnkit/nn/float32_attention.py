@@ -1,0 +1,92 @@
+"""Attention whose two products run in float32 on half-precision (bf16 / fp16) queries, keys and values.
+
+B batch, H heads, T queries, S keys, Dh head dim.
+
+Under bf16 autocast on a CPU, `q @ k^T` and `weights @ v` go to oneDNN, which builds a kernel for every
+(B * H, T, S) it has not kept, and token-budget batches bring new lengths nearly every step. On a Xeon with AMX a
+Multi30k step built ~16 of these small kernels, and they pushed the linear maps' large kernels (12 ms to build for the
+output projection's input gradient) out of oneDNN's cache of 32, so those were rebuilt every step too: 27 ms of builds
+an update. In float32 the same products are plain batched GEMMs with no kernel to build, and at these sizes (T, S up
+to 64 keys, Dh 64) they are a few MFLOP each. Autocast would cast float32 operands of a product back to bf16, so this
+is an autograd Function of its own: it saves the half-precision inputs (views of the projections, which are kept
+anyway) and the float32 weights (what the softmax saved before), widens the inputs again in `backward`, and returns
+the output and gradients in the inputs' dtype. Dropout on the weights uses the same keep masks as `nn.dropout`.
+
+`MultiHeadAttention` takes this path in training inside `float32_products()`, which the Trainer opens where kernel
+builds are costly (`runtime.kernel_builds_costly`: bf16 on a CPU with AMX), beside `nn.linear.stable_rows`. There the
+Multi30k step built no kernel after its first updates (21.6 an update before), and took 323 against 344 ms (four
+rounds of 300 updates each). With oneDNN held to AVX-512 BF16 (the EPYC's kernels) the step was level (680-769
+against 701-710 ms) and the peak resident set 60 MiB higher, so elsewhere the products stay in bf16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+
+from attnkit.nn.dropout import keep_mask
+from attnkit.nn.masks import causal_mask
+
+_WANTED: contextvars.ContextVar[bool] = contextvars.ContextVar("float32_products", default=False)
+
+
+@contextlib.contextmanager
+def float32_products(on: bool = True) -> Iterator[None]:
+    """A scope in which training attention on half-precision inputs multiplies in float32 (`attend_float32`)."""
+    token = _WANTED.set(on)
+    try:
+        yield
+    finally:
+        _WANTED.reset(token)
+
+
+def float32_products_wanted(q: torch.Tensor) -> bool:
+    """Whether attention on queries `q` should take `attend_float32`: inside the scope, for bf16 / fp16 inputs."""
+    return _WANTED.get() and q.element_size() < 4 and q.is_floating_point()
+
+
+class _Float32Products(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float, p: float):  # noqa: ANN001, ANN205
+        wide = torch.promote_types(q.dtype, torch.float32)  # float64 stays float64 (gradcheck)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = torch.matmul(q.to(wide), k.to(wide).transpose(-2, -1)).mul_(scale)  # (B, H, T, S)
+            if causal:
+                scores.masked_fill_(~causal_mask(scores.size(2), scores.size(3), scores.device), float("-inf"))
+            if mask is not None:
+                scores.masked_fill_(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)  # (B, H, T, S), float32 or wider
+            keep = keep_mask(weights.shape, p, weights.device) if p > 0.0 else None
+            kept = weights if keep is None else weights * keep / (1.0 - p)
+            out = torch.matmul(kept, v.to(wide))  # (B, H, T, Dh)
+        ctx.save_for_backward(q, k, v, weights, keep)
+        ctx.scale, ctx.p = scale, p
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        q, k, v, weights, keep = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):
+            wide = weights.dtype
+            grad = grad.to(wide)  # (B, H, T, Dh)
+            kept = weights if keep is None else weights * keep / (1.0 - ctx.p)
+            grad_v = torch.matmul(kept.transpose(-2, -1), grad)  # (B, H, S, Dh)
+            grad_kept = torch.matmul(grad, v.to(wide).transpose(-2, -1))  # (B, H, T, S)
+            grad_weights = grad_kept if keep is None else grad_kept.mul_(keep).div_(1.0 - ctx.p)
+            grad_scores = torch._softmax_backward_data(grad_weights, weights, -1, wide).mul_(ctx.scale)
+            grad_q = torch.matmul(grad_scores, k.to(wide))  # (B, H, T, Dh)
+            grad_k = torch.matmul(grad_scores.transpose(-2, -1), q.to(wide))  # (B, H, S, Dh)
+        return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None, None
+
+
+def attend_float32(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, causal: bool, scale: float,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """softmax(mask(q k^T * scale)) v with dropout on the weights, its products in float32, returned in q's dtype:
+    (B, H, T, Dh) queries over (B, H, S, Dh) keys and values -> (B, H, T, Dh). `mask` is True-may-attend,
+    broadcastable to (B, H, T, S); `causal` hides later keys (aligned at the right when S > T)."""
+    return _Float32Products.apply(q, k, v, mask, causal, scale, dropout)
