@@ -153,10 +153,10 @@ def release_kept_memory() -> bool:
 
 
 # oneDNN primitives kept by the verbs that train, by what they train: a translation step has ~27 shapes and new ones
-# with every batch (on AMX, where builds are slow, its linear maps run on fixed row counts: nn.linear.stable_rows; the
-# attention's products still vary); a language model's step (Transformer-XL with the adaptive softmax) has the same
-# shapes every update but more than 32 of them, so with 32 kept it rebuilt some every update
-# (benchmarks/kernel_builds.sh, docs/speed.md)
+# with every batch (on AMX, where builds are slow, its linear maps run on fixed row counts, nn.linear.stable_rows, and
+# its attention multiplies in float32, nn.float32_attention, so none vary); a language model's step (Transformer-XL
+# with the adaptive softmax) has the same shapes every update but more than 32 of them, so with 32 kept it rebuilt
+# some every update (benchmarks/kernel_builds.sh, docs/speed.md)
 KERNEL_CACHE = {"translation": 32, "lm": 64}
 
 
