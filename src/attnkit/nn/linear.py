@@ -45,8 +45,8 @@ built 44 of them, 113 ms of a ~400 ms step. Inside the scope each product runs o
 multiple of `multiple` (the token budget), and returns the real rows' outputs: the zero rows add nothing to the
 weight's gradient, and the shapes, hence the kernels, repeat from step to step (22 builds, 25 ms an update: those
 left were the attention's products, whose shapes follow the batch's lengths; the Trainer now runs those in float32,
-nn.float32_attention, and builds none). The price is the zero rows' work and
-memory, a few percent: with oneDNN held to AVX-512 BF16 on the same CPU the step was slower with the scope.
+nn.float32_attention, and builds none). The price is the zero rows' work and memory, a few percent: with oneDNN held
+to AVX-512 BF16 on the same CPU the step was slower with the scope.
 """
 
 from __future__ import annotations
