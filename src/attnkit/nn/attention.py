@@ -21,7 +21,7 @@ from torch import nn
 from attnkit.nn.dropout import drop
 from attnkit.nn.float32_attention import attend_float32, float32_products_wanted
 from attnkit.nn.linear import Linear, linear
-from attnkit.nn.masks import causal_mask
+from attnkit.nn.masks import causal_mask, mask_scores_
 
 
 @dataclass
@@ -237,11 +237,7 @@ class MultiHeadAttention(nn.Module):
                    ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Logits (B, H, T, S), masked in place -> (weights, the weights after dropout, the 1 / (1 - p) that dropout
         leaves to the caller), in `dtype`."""
-        if causal:
-            scores.masked_fill_(~causal_mask(scores.size(2), scores.size(3), scores.device), float("-inf"))
-        if mask is not None:
-            scores.masked_fill_(~mask, float("-inf"))
-        weights = _normalise(scores, dtype)
+        weights = _normalise(mask_scores_(scores, mask, causal), dtype)
         kept, scale = drop(weights, self.dropout, self.training)
         return weights, kept, scale
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import torch
 
 from attnkit.nn.dropout import keep_mask
-from attnkit.nn.masks import causal_mask
+from attnkit.nn.masks import mask_scores_
 
 _WANTED: contextvars.ContextVar[bool] = contextvars.ContextVar("float32_products", default=False)
 
@@ -55,11 +55,7 @@ class _Float32Products(torch.autograd.Function):
         wide = torch.promote_types(q.dtype, torch.float32)  # float64 stays float64 (gradcheck)
         with torch.autocast(q.device.type, enabled=False):
             scores = torch.matmul(q.to(wide), k.to(wide).transpose(-2, -1)).mul_(scale)  # (B, H, T, S)
-            if causal:
-                scores.masked_fill_(~causal_mask(scores.size(2), scores.size(3), scores.device), float("-inf"))
-            if mask is not None:
-                scores.masked_fill_(~mask, float("-inf"))
-            weights = scores.softmax(dim=-1)  # (B, H, T, S), float32 or wider
+            weights = mask_scores_(scores, mask, causal).softmax(dim=-1)  # (B, H, T, S), float32 or wider
             keep = keep_mask(weights.shape, p, weights.device) if p > 0.0 else None
             kept = weights if keep is None else weights * keep / (1.0 - p)
             out = torch.matmul(kept, v.to(wide))  # (B, H, T, Dh)

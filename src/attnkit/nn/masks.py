@@ -17,3 +17,13 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | None = None
 def key_padding_to_attn_mask(pad_mask: torch.Tensor) -> torch.Tensor:
     """(B, S) True-at-padding -> (B, 1, 1, S) True-may-attend, broadcast over heads and queries."""
     return ~pad_mask[:, None, None, :]
+
+
+def mask_scores_(scores: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """Attention logits (B, H, T, S) with -inf, in place, where a key is hidden: later keys when `causal` (aligned at
+    the right, as `causal_mask`), and where the True-may-attend `mask` (broadcastable) is False."""
+    if causal:
+        scores.masked_fill_(~causal_mask(scores.size(2), scores.size(3), scores.device), float("-inf"))
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    return scores
