@@ -159,8 +159,9 @@ class Trainer(TrainerBase):
     @contextlib.contextmanager
     def stable_kernels(self, dtype: str) -> Iterator[None]:
         """Where oneDNN's kernel builds are costly for `dtype` (runtime.kernel_builds_costly), a scope in which the
-        products keep their shapes from step to step: the linear maps run on the token budget's rows
-        (nn.linear.stable_rows) and attention multiplies in float32 (nn.float32_attention); elsewhere nothing."""
+        products stop needing new kernels from step to step: the linear maps run on the token budget's rows
+        (nn.linear.stable_rows) and attention multiplies in float32, which builds none (nn.float32_attention);
+        elsewhere nothing."""
         costly = kernel_builds_costly(self.device, dtype)
         with stable_rows(self.cfg.train.max_tokens if costly else 0), float32_products(costly):
             yield
