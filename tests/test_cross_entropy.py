@@ -52,3 +52,100 @@ def test_no_rows_and_no_gradient_to_make():
     with torch.no_grad():  # evaluation: the loss only, nothing kept for a backward
         loss, nll = cross_entropy_rows(logits, target)
     assert not loss.requires_grad and torch.equal(loss, nll)
+
+
+# --- the loss from the output layer's input: the logits made a chunk at a time (`projected_cross_entropy`) -----------
+B, T, D = 3, 7, 5  # 21 rows, 5 of them padding (target 0)
+
+
+def projected_case(bias: bool):
+    torch.manual_seed(1)
+    h = torch.randn(B, T, D, dtype=torch.float64)
+    weight = torch.randn(V, D, dtype=torch.float64)
+    target = torch.randint(1, V, (B, T))
+    target[0, 4:], target[2, 5:] = 0, 0  # padding
+    return [h, weight, torch.randn(V, dtype=torch.float64) if bias else None], target
+
+
+def through_logits(h, weight, bias, target, epsilon):
+    """The oracle: the whole (N, V) logits, torch's cross-entropy, padding ignored, summed."""
+    logits = F.linear(h, weight, bias).reshape(-1, V)
+    loss = F.cross_entropy(logits, target.reshape(-1), ignore_index=0, reduction="sum", label_smoothing=epsilon)
+    return loss, F.cross_entropy(logits.detach(), target.reshape(-1), ignore_index=0, reduction="sum")
+
+
+def losses_and_grads(fn, tensors, target, epsilon, dtype, autocast=False):
+    leaves = [None if t is None else t.detach().to(dtype).requires_grad_() for t in tensors]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss, nll = fn(*leaves, target, epsilon)
+    (loss * 0.37).backward()  # the trainer's scale (world / tokens), one number
+    return [loss.detach().double(), nll.double()] + [t.grad.double() for t in leaves if t is not None]
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("multiple", [0, 3], ids=["rows-as-they-come", "stable-rows-3"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_projected_loss_equals_the_loss_of_the_whole_logits(bias, epsilon, multiple, dtype, monkeypatch):
+    from attnkit.nn.linear import stable_rows
+    from attnkit.train.losses import projected_label_smoothed_nll
+
+    monkeypatch.setattr(cross_entropy, "PROJECTED_CHUNK_ELEMENTS", 8 * V)  # 16 real rows: chunks of 8, or of 3 (+ 1)
+    tensors, target = projected_case(bias)
+    reference = losses_and_grads(through_logits, tensors, target, epsilon, torch.float64)
+    with stable_rows(multiple):
+        fused = losses_and_grads(projected_label_smoothed_nll, tensors, target, epsilon, dtype)
+    tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
+    for got, want in zip(fused, reference, strict=True):
+        torch.testing.assert_close(got, want, **tol)
+
+
+def test_projected_loss_in_bf16_autocast_is_as_close_to_float64_as_the_whole_logits_are(monkeypatch):
+    from attnkit.train.losses import label_smoothed_nll, projected_label_smoothed_nll
+
+    monkeypatch.setattr(cross_entropy, "PROJECTED_CHUNK_ELEMENTS", 16 * V)
+    tensors, target = projected_case(bias=True)
+    exact = losses_and_grads(through_logits, tensors, target, 0.1, torch.float64)
+
+    def whole(h, weight, bias, target, epsilon):  # the trainer's path before: bf16 logits, then the rows' loss
+        return label_smoothed_nll(F.linear(h, weight, bias), target, epsilon)
+
+    plain = losses_and_grads(whole, tensors, target, 0.1, torch.float32, autocast=True)
+    fused = losses_and_grads(projected_label_smoothed_nll, tensors, target, 0.1, torch.float32, autocast=True)
+    for got, old, want in zip(fused, plain, exact, strict=True):
+        err, old_err = (got - want).abs().max().item(), (old - want).abs().max().item()
+        assert err <= 2 * old_err + 1e-6 * want.abs().max().item(), (err, old_err)
+        assert err <= 0.02 * want.abs().max().item()
+
+
+def test_projected_loss_passes_gradcheck():
+    from attnkit.nn.cross_entropy import projected_cross_entropy
+
+    tensors, target = projected_case(bias=True)
+    h, weight, bias = (t.detach().reshape(-1, t.size(-1)) if t.dim() > 1 else t.detach() for t in tensors)
+    rows = target.reshape(-1).ne(0)
+    leaves = [h[rows][:6].requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
+    assert torch.autograd.gradcheck(lambda *x: projected_cross_entropy(*x, target.reshape(-1)[rows][:6], 0.1)[0],
+                                    leaves)
+
+
+def test_projected_loss_never_makes_the_whole_logits_nor_those_of_padding(monkeypatch):
+    from conftest import linear_rows
+
+    from attnkit.nn.linear import stable_rows
+    from attnkit.train.losses import projected_label_smoothed_nll
+
+    monkeypatch.setattr(cross_entropy, "PROJECTED_CHUNK_ELEMENTS", 16 * V)
+    tensors, target = projected_case(bias=False)
+    real = int(target.ne(0).sum())  # 16 of 21
+    rows = linear_rows(monkeypatch)
+    loss, _ = projected_label_smoothed_nll(*[t.requires_grad_() for t in tensors[:2]], None, target, 0.1)
+    assert rows == [real] and cross_entropy.projection_rows(V) == 16  # one chunk, the real rows only
+    rows.clear()
+    with stable_rows(5):  # a scope's multiple caps the chunk, and every chunk runs on as many rows (the last padded)
+        projected_label_smoothed_nll(*tensors[:2], None, target, 0.1)
+    assert rows == [5] * 4
+    rows.clear()
+    with torch.no_grad():  # evaluation: the loss alone, no gradient made
+        loss_eval, _ = projected_label_smoothed_nll(*tensors[:2], None, target, 0.1)
+    assert not loss_eval.requires_grad and torch.equal(loss_eval, loss.detach())

@@ -156,8 +156,6 @@ def assert_same_gradients(sliced: dict, whole: dict) -> None:
 
 def test_the_seq2seq_probe_does_the_first_batches_work_in_row_slices(tmp_path, data_dir):
     from attnkit.data import iterate_batches
-    from attnkit.train.trainer import training_forward
-
     cfg = cfgmod.replace(tiny_run_config(max_steps=1), model=tiny_model_config(dropout=0.0))
     trainer = Trainer(cfg, data_dir, tmp_path / "run", progress=False)
     first = trainer.sampler.batches(0)[: precision.PROBE_BATCHES]
@@ -165,7 +163,7 @@ def test_the_seq2seq_probe_does_the_first_batches_work_in_row_slices(tmp_path, d
 
     def whole() -> None:
         for batch in iterate_batches(trainer.train_split, first):
-            loss, _, aux = trainer.batch_losses(lambda b: training_forward(trainer.model, b), batch, "float32")
+            loss, _, aux = trainer.batch_losses(trainer.objective, batch, "float32")
             (loss + aux).backward()
     assert_same_gradients(*probe_and_whole_gradients(trainer.model, trainer.precision_passes(), whole))
 
@@ -178,9 +176,9 @@ def test_the_seq2seq_probe_runs_whole_batches_in_bfloat16_and_slices_in_float32(
     first = trainer.sampler.batches(0)[: precision.PROBE_BATCHES]
     wholes = [tuple(b.src.shape) for b in iterate_batches(trainer.train_split, first)]  # (B, S) each
     seen = []  # the (rows, source length) of each batch a probe pass runs
-    forward = trainer_module.training_forward
-    monkeypatch.setattr(trainer_module, "training_forward",
-                        lambda model, b: seen.append(tuple(b.src.shape)) or forward(model, b))
+    losses = trainer_module.training_losses
+    monkeypatch.setattr(trainer_module, "training_losses",
+                        lambda model, b, eps: seen.append(tuple(b.src.shape)) or losses(model, b, eps))
     passes = trainer.precision_passes()
     with precision.no_trace(trainer.model):
         passes("bfloat16")

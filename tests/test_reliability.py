@@ -245,16 +245,16 @@ def test_a_checkpoint_of_another_kind_gives_a_clear_error(tmp_path, capsys, trai
 
 # --- numerical faults --------------------------------------------------------------------------------
 def poison(monkeypatch, bad_calls: set[int] | None = None, from_call: int | None = None) -> None:
-    """Make the forward pass return NaN logits on the chosen calls (counted from 1)."""
-    forward, calls = trainer_mod.training_forward, [0]
+    """Make the training objective return a NaN loss on the chosen calls (counted from 1)."""
+    losses, calls = trainer_mod.training_losses, [0]
 
-    def nan_forward(model, batch):
+    def nan_losses(model, batch, epsilon):
         calls[0] += 1
-        logits, aux = forward(model, batch)
+        loss, nll, aux = losses(model, batch, epsilon)
         bad = calls[0] in (bad_calls or set()) or (from_call is not None and calls[0] >= from_call)
-        return (logits * float("nan"), aux) if bad else (logits, aux)
+        return (loss * float("nan"), nll * float("nan"), aux) if bad else (loss, nll, aux)
 
-    monkeypatch.setattr(trainer_mod, "training_forward", nan_forward)
+    monkeypatch.setattr(trainer_mod, "training_losses", nan_losses)
 
 
 def test_nan_losses_are_skipped_and_counted(tmp_path, data_dir, monkeypatch, capsys):

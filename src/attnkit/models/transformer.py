@@ -160,11 +160,15 @@ class Transformer(nn.Module):
             return self.dropout(x + pe * ids.ne(PAD_ID)[..., None])  # (B, T, D) + (T, D) * (B, T, 1)
         return self.dropout(self.positions(x, offset))
 
+    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output layer's weight (V, D), tied to the target embedding or not, and `out_bias` (V,) where the config
+        has one: what `project` multiplies by, and what training's loss takes to make the logits a chunk at a time."""
+        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
+        return weight, self.out_bias
+
     def project(self, h: torch.Tensor) -> torch.Tensor:
-        """Hidden states (B, T, D) -> vocabulary logits (B, T, V): tied to the target embedding or not, plus
-        `out_bias` where the config has one. The one output product of training, `decode` and `step`."""
-        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight  # (V, D)
-        return linear(h, weight, self.out_bias)  # (B, T, D) @ (D, V) + (V,)
+        """Hidden states (B, T, D) -> vocabulary logits (B, T, V). The one output product of `decode` and `step`."""
+        return linear(h, *self.output_layer())  # (B, T, D) @ (D, V) + (V,)
 
     # --- the seq2seq interface -------------------------------------------------------------
     def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Encoded:
@@ -191,6 +195,13 @@ class Transformer(nn.Module):
         self, tgt_in: torch.Tensor, enc: Encoded, *, need_weights: bool = False
     ) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]] | None]:
         """Teacher-forced decoding: tgt_in (B, T) -> logits (B, T, V) [, {"self", "cross"} per layer]."""
+        states, weights = self.decoder_states(tgt_in, enc, need_weights=need_weights)
+        return self.project(states), weights
+
+    def decoder_states(
+        self, tgt_in: torch.Tensor, enc: Encoded, *, need_weights: bool = False
+    ) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]] | None]:
+        """Teacher-forced decoding up to the output layer: tgt_in (B, T) -> its input (B, T, D) [, weights]."""
         mask = key_padding_to_attn_mask(enc.pad_mask)
         y = self.embed(self.tgt_embed, tgt_in)
         keep = self._keep(tgt_in)
@@ -199,11 +210,15 @@ class Transformer(nn.Module):
             y, w = layer(y, enc.memory, memory_mask=mask, need_weights=need_weights, keep=keep)
             weights["self"].append(w["self"])
             weights["cross"].append(w["cross"])
-        return self.project(self._final(self.decoder_norm, y, keep)), (weights if need_weights else None)
+        return self._final(self.decoder_norm, y, keep), (weights if need_weights else None)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src))[0]
+
+    def states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt_in (B, T) -> the output layer's input (B, T, D): `forward` but for `project`."""
+        return self.decoder_states(tgt_in, self.encode(src))[0]
 
     def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
         """Logits plus every attention map: {"encoder", "decoder", "cross"} -> L x (B, H, T, S)."""

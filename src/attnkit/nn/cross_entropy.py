@@ -13,13 +13,33 @@ tensors at once: ~0.5 GB at 4,096 tokens x 8,000), only the logits and their gra
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from attnkit.nn.linear import row_multiple
 
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MB in float32): a chunk's passes stay in the CPU's caches
+
+
+PROJECTED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk of the projected loss: products of a few hundred rows
 
 
 def _chunks(n: int, v: int) -> list[slice]:
     rows = max(1, CHUNK_ELEMENTS // v)
     return [slice(s, min(n, s + rows)) for s in range(0, n, rows)]
+
+
+def _softmax_pass(z: torch.Tensor, target: torch.Tensor, epsilon: float, with_grad: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One chunk of logits z (n, V), float32 at least -> each row's logsumexp (n,), its mean logit (n,) when eps is
+    not 0, and, `with_grad`, the loss's gradient softmax - (1 - eps) * onehot - eps / V (n, V), made in place of the
+    softmax: one exponential a logit (lse = max z - log max p)."""
+    p = torch.softmax(z, -1)  # (n, V)
+    lse = z.amax(-1) - p.amax(-1).log()
+    mean = z.mean(-1) if epsilon else None
+    if not with_grad:
+        return lse, mean, None
+    p.sub_(epsilon / z.size(1)).scatter_add_(1, target[:, None], p.new_full((p.size(0), 1), epsilon - 1.0))
+    return lse, mean, p
 
 
 class _SoftmaxCrossEntropy(torch.autograd.Function):
@@ -39,13 +59,10 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
         mean = torch.empty_like(lse) if epsilon else None  # (N,) mean_v z_v
         grad = torch.empty_like(logits) if with_grad else None  # (N, V), for an upstream gradient of 1 a row
         for rows in _chunks(n, v):
-            z = logits[rows].to(acc)  # (n, V)
-            p = torch.softmax(z, -1)  # (n, V)
-            lse[rows] = z.amax(-1) - p.amax(-1).log()
+            lse[rows], chunk_mean, p = _softmax_pass(logits[rows].to(acc), target[rows], epsilon, with_grad)
             if mean is not None:
-                mean[rows] = z.mean(-1)
-            if grad is not None:  # softmax - (1 - eps) * onehot - eps / V
-                p.sub_(epsilon / v).scatter_add_(1, target[rows, None], p.new_full((p.size(0), 1), epsilon - 1.0))
+                mean[rows] = chunk_mean
+            if grad is not None:
                 grad[rows] = p
         nll = lse - logits.gather(1, target[:, None])[:, 0].to(acc)  # (N,)
         loss = nll.clone() if mean is None else (1.0 - epsilon) * nll + epsilon * (lse - mean)
@@ -70,3 +87,74 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     least (float64 for float64 logits); only the loss carries a gradient. See the module docstring."""
     with_grad = torch.is_grad_enabled() and logits.requires_grad  # no (N, V) gradient made for evaluation
     return _SoftmaxCrossEntropy.apply(logits, target, float(epsilon), with_grad)
+
+
+def projection_rows(v: int) -> int:
+    """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (16 MB in
+    float32, 512 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple, and
+    every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
+    rows = max(16, PROJECTED_CHUNK_ELEMENTS // v // 16 * 16)
+    multiple = row_multiple()
+    return min(rows, multiple) if multiple else rows
+
+
+class _ProjectedCrossEntropy(torch.autograd.Function):
+    """(h (N, D), weight (V, D), bias (V,) or None, targets (N,), eps, needs) -> (summed smoothed loss, summed NLL).
+
+    The logits h W^T + b are made a chunk of rows at a time (in autocast's precision where it is on) and never held
+    whole: each chunk's softmax pass gives its loss and its gradient dz, which goes at once into the gradients of h
+    (dz W), W (dz^T h, summed in float32) and b (dz summed); the backward scales them by the loss's upstream gradient,
+    one number, as the loss is a sum. `needs` says which of h, weight and bias want a gradient (none: evaluation)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                epsilon: float, needs: tuple[bool, bool, bool]):
+        acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 check
+        n, v = h.size(0), weight.size(0)
+        rows, padded = projection_rows(v), row_multiple() > 0
+        grad_h = torch.empty_like(h) if needs[0] else None  # (N, D)
+        grad_w = torch.zeros_like(weight, dtype=acc) if needs[1] else None  # (V, D)
+        grad_b = torch.zeros(v, dtype=acc, device=h.device) if needs[2] else None  # (V,)
+        loss, nll = h.new_zeros((), dtype=acc), h.new_zeros((), dtype=acc)
+        w = None  # W in the products' precision, for the gradient of h
+        for start in range(0, n, rows):
+            hc, tc = h[start : start + rows], target[start : start + rows]  # (k, D), (k,)
+            k = hc.size(0)
+            if padded and k < rows:
+                hc = F.pad(hc, (0, 0, 0, rows - k))  # (rows, D): zero rows, dropped below
+            z = F.linear(hc, weight, bias)  # (rows or k, V)
+            lse, mean, dz = _softmax_pass(z[:k].to(acc), tc, epsilon, any(needs))
+            chunk_nll = lse - z[:k].gather(1, tc[:, None])[:, 0].to(acc)  # (k,)
+            nll += chunk_nll.sum()
+            loss += chunk_nll.sum() if mean is None else ((1.0 - epsilon) * chunk_nll + epsilon * (lse - mean)).sum()
+            if dz is None:
+                continue
+            if grad_b is not None:
+                grad_b += dz.sum(0)
+            dz = dz.to(z.dtype)  # (k, V) in the products' precision
+            if k < hc.size(0):
+                dz = F.pad(dz, (0, 0, 0, hc.size(0) - k))  # zero rows: nothing reaches W or b from the padding
+            if grad_h is not None:
+                w = weight.to(z.dtype) if w is None else w
+                grad_h[start : start + k] = (dz @ w)[:k]  # (k, D)
+            if grad_w is not None:
+                grad_w += dz.t() @ hc.to(z.dtype)  # (V, rows) @ (rows, D)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
+        grad_h, grad_w, grad_b = (None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def projected_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                            epsilon: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """h (N, D) through the output layer (weight (V, D), bias (V,) or None) against target (N,) -> the summed
+    label-smoothed loss and the summed plain NLL, float32 at least, without ever holding the (N, V) logits: equal to
+    `cross_entropy_rows(F.linear(h, weight, bias), target, epsilon)` summed, in value and gradient. Only the loss
+    carries a gradient, which must be a scalar's (the loss is a sum)."""
+    tracked = (h, weight, bias)
+    needs = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in tracked)
+    return _ProjectedCrossEntropy.apply(h, weight, bias, target, float(epsilon), needs)

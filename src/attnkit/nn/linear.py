@@ -276,9 +276,14 @@ def stable_rows(multiple: int) -> Iterator[None]:
         _ROW_MULTIPLE.reset(token)
 
 
+def row_multiple() -> int:
+    """The multiple the current `stable_rows` scope rounds product rows up to (0 outside one)."""
+    return _ROW_MULTIPLE.get()
+
+
 def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear, on x's rows padded with zero rows to the scope's multiple (stable_rows): (..., K) -> (..., N)."""
-    multiple = _ROW_MULTIPLE.get()
+    multiple = row_multiple()
     n = x.numel() // max(x.size(-1), 1)
     extra = -n % multiple if multiple else 0
     if not extra:
