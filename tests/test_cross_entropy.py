@@ -130,10 +130,9 @@ def test_projected_loss_passes_gradcheck():
 
 
 def test_projected_loss_never_makes_the_whole_logits_nor_those_of_padding(monkeypatch):
-    from conftest import linear_rows
-
     from attnkit.nn.linear import stable_rows
     from attnkit.train.losses import projected_label_smoothed_nll
+    from conftest import linear_rows
 
     monkeypatch.setattr(cross_entropy, "PROJECTED_CHUNK_ELEMENTS", 16 * V)
     tensors, target = projected_case(bias=False)
