@@ -6,8 +6,10 @@ N rows, V classes. Per row, against the target t: loss = (1 - eps) * nll + eps *
     loss = lse - (1 - eps) * z_t - eps * mean_v(z_v),   d loss / d z = softmax(z) - (1 - eps) * onehot(t) - eps / V.
 `cross_entropy_rows` computes both from the logits a chunk of rows at a time: no (N, V) log-softmax, target
 distribution or float32 copy of the logits is ever held whole (the plain autograd path held four (N, V) float32
-tensors at once: ~0.5 GB at 4,096 tokens x 8,000), only the logits and their gradient. The translation loss
-(`attnkit.train.losses`) and the adaptive softmax's head and clusters (`attnkit.nn.adaptive`) both go through it.
+tensors at once: ~0.5 GB at 4,096 tokens x 8,000), only the logits and their gradient; the adaptive softmax's head and
+clusters (`attnkit.nn.adaptive`) go through it. `projected_cross_entropy` starts a step earlier, from the output
+layer's input h (N, D) and weights: each chunk's logits are made, used and dropped, so neither the logits nor their
+gradient is ever held whole; the translation loss (`attnkit.train.losses`) trains the Transformer through it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from attnkit.nn.linear import row_multiple
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MB in float32): a chunk's passes stay in the CPU's caches
 
 
-PROJECTED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk of the projected loss: products of a few hundred rows
+PROJECTED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk of the projected loss on a CPU: products of a few hundred rows
+CUDA_CHUNK_FACTOR = 16  # on a GPU 16x as many (256 MB of float32 logits): fewer, larger kernels per step
 
 
 def _chunks(n: int, v: int) -> list[slice]:
@@ -89,11 +92,12 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     return _SoftmaxCrossEntropy.apply(logits, target, float(epsilon), with_grad)
 
 
-def projection_rows(v: int) -> int:
-    """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (16 MB in
-    float32, 512 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple, and
-    every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
-    rows = max(16, PROJECTED_CHUNK_ELEMENTS // v // 16 * 16)
+def projection_rows(v: int, device: torch.device = torch.device("cpu")) -> int:
+    """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (on a CPU
+    16 MB in float32, 512 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple,
+    and every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
+    elements = PROJECTED_CHUNK_ELEMENTS * (CUDA_CHUNK_FACTOR if device.type == "cuda" else 1)
+    rows = max(16, elements // v // 16 * 16)
     multiple = row_multiple()
     return min(rows, multiple) if multiple else rows
 
@@ -111,7 +115,7 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
                 epsilon: float, needs: tuple[bool, bool, bool]):
         acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 check
         n, v = h.size(0), weight.size(0)
-        rows, padded = projection_rows(v), row_multiple() > 0
+        rows, padded = projection_rows(v, h.device), row_multiple() > 0
         grad_h = torch.empty_like(h) if needs[0] else None  # (N, D)
         grad_w = torch.zeros_like(weight, dtype=acc) if needs[1] else None  # (V, D)
         grad_b = torch.zeros(v, dtype=acc, device=h.device) if needs[2] else None  # (V,)
