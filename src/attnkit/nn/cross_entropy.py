@@ -92,11 +92,11 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     return _SoftmaxCrossEntropy.apply(logits, target, float(epsilon), with_grad)
 
 
-def projection_rows(v: int, device: torch.device = torch.device("cpu")) -> int:
+def projection_rows(v: int, device: torch.device | None = None) -> int:
     """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (on a CPU
     16 MB in float32, 512 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple,
     and every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
-    elements = PROJECTED_CHUNK_ELEMENTS * (CUDA_CHUNK_FACTOR if device.type == "cuda" else 1)
+    elements = PROJECTED_CHUNK_ELEMENTS * (CUDA_CHUNK_FACTOR if device is not None and device.type == "cuda" else 1)
     rows = max(16, elements // v // 16 * 16)
     multiple = row_multiple()
     return min(rows, multiple) if multiple else rows
