@@ -58,21 +58,21 @@ else:  # the output layer and the loss, from float32 h and W (bf16: under autoca
               (torch.randn(v, d, generator=gen) / d**0.5).requires_grad_()]
     autocast = dtype == torch.bfloat16
 
-def run(first, n_rows):  # loss + backward over the first n_rows rows, the first input a product's output as in training
+def run(n_rows):  # loss + backward over the first n_rows rows, the first input a product's output as in training
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = fn(first[:n_rows] * 1, *leaves[1:], target[:n_rows], 0.1)[0]
+        loss = fn(leaves[0][:n_rows] * 1, *leaves[1:], target[:n_rows], 0.1)[0]
     loss.backward()
     for x in leaves:
         x.grad = None
 
-run(leaves[0], 8)  # first-call allocations out of the way
+run(8)  # first-call allocations out of the way
 before = status("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 times = []
 for _ in range(runs):
     start = time.perf_counter()
-    run(leaves[0], n)
+    run(n)
     times.append(time.perf_counter() - start)
 print(json.dumps({"peak_mib": (status("VmHWM:") - before) / 2**20, "ms": 1e3 * statistics.median(times)}))
 """

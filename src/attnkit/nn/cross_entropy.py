@@ -132,7 +132,6 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=acc) if needs[1] else None  # (V, D)
         grad_b = torch.zeros(v, dtype=acc, device=h.device) if needs[2] else None  # (V,)
         loss, nll = h.new_zeros((), dtype=acc), h.new_zeros((), dtype=acc)
-        w = None  # W in the products' precision, for the gradient of h
         for start in range(0, n, rows):
             hc, tc = h[start : start + rows], target[start : start + rows]  # (k, D), (k,)
             k = hc.size(0)
@@ -148,11 +147,11 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
                 grad_b += dz.sum(0, dtype=acc)
             if k < hc.size(0):
                 dz = F.pad(dz, (0, 0, 0, hc.size(0) - k))  # zero rows: nothing reaches W or b from the padding
+            # the products in z's precision: autocast, still on here, casts W (from its cache) and h as for z
             if grad_h is not None:
-                w = weight.to(z.dtype) if w is None else w
-                grad_h[start : start + k] = (dz @ w)[:k]  # (k, D)
+                grad_h[start : start + k] = (dz @ weight)[:k]  # (k, D)
             if grad_w is not None:
-                grad_w += dz.t() @ hc.to(z.dtype)  # (V, rows) @ (rows, D)
+                grad_w += dz.t() @ hc  # (V, rows) @ (rows, D)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.mark_non_differentiable(nll)
         return loss, nll
