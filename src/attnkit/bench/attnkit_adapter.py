@@ -151,7 +151,8 @@ ATTNKIT = Toolkit(
         "vanilla": LMAdapter(attnkit_lm_build("vanilla-lm"), attnkit_lm_forward,
                              "VanillaLM: post-LN, ReLU, absolute sinusoidal positions, tied"),
         "lstm": LMAdapter(attnkit_lstm_build, attnkit_lm_forward,
-                          "LSTMLM: nn.LSTM batch-first, attnkit's dropout, embeddings scaled by sqrt(D), tied")},
+                          "LSTMLM: nn.LSTM's cells a layer at a time, time-major, attnkit's dropout between them, "
+                          "embeddings scaled by sqrt(D), tied")},
 )
 
 

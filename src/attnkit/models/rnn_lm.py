@@ -11,6 +11,12 @@ Its memory is its state, not positions: `mems` is [h, c], each (L, B, D), the LS
 the last token it read, cut from the graph (truncated back-propagation through time, segment by segment, as
 AWD-LSTM trains). `mem_len` > 0 carries it to the next segment, 0 starts every segment from zeros; with extended
 context the state carried is the one before the last E tokens, which the next segment reads again.
+
+On a CPU the layers run one at a time, time-major, with attnkit's dropout between them (`layers_on_cpu`): the same
+oneDNN cells and parameters as `nn.LSTM`'s own multi-layer call, without its two batch-first transposes and with a
+cheaper dropout mask than its `bernoulli_`; forward and backward of the bench's LSTM (4 x 256, B 32 x 128) took
+280.4 ms instead of 297.4 (benchmarks/lstm_layers.py, docs/speed.md). Elsewhere `nn.LSTM` runs all layers at once
+(cuDNN wants its weights in one flat buffer).
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ class LSTMLM(LanguageModel):
     def __init__(self, config: RNNLMConfig):
         super().__init__(config)
         c = config
-        self.rnn = nn.LSTM(c.d_model, c.d_model, c.n_layers, batch_first=True,
-                           dropout=c.dropout if c.n_layers > 1 else 0.0)
+        # time-major: (T, B, D) in and out
+        self.rnn = nn.LSTM(c.d_model, c.d_model, c.n_layers, dropout=c.dropout if c.n_layers > 1 else 0.0)
 
     def make_final_norm(self) -> nn.Module:
         return nn.Identity()  # an LSTM's outputs are bounded; the output layer reads them as they are
@@ -40,15 +46,37 @@ class LSTMLM(LanguageModel):
         (B, T') of the last T' positions; the new state [h, c] ([] with mem_len 0) [, [] weights: no attention].
         clamp_len is ignored."""
         carried = (mems[0], mems[1]) if mems else None
-        h = self.dropout(self.embed_tokens(x))  # (B, T, D)
+        h = self.dropout(self.embed_tokens(x.t()))  # (T, B, D)
         keep = max(0, x.size(1) - ext_len) if mem_len > 0 else x.size(1)  # the carried state ends here
-        head, tail = h[:, :keep], h[:, keep:]
+        head, tail = h[:keep], h[keep:]
         outs = []
-        if head.size(1):
-            out, carried = self.rnn(head, carried)  # (B, keep, D); the state carried on: (L, B, D) x 2
+        if head.size(0):
+            out, carried = self.run_layers(head, carried)  # (keep, B, D); the state carried on: (L, B, D) x 2
             outs.append(out)
-        if tail.size(1):  # the extended context, which the next segment reads again
-            outs.append(self.rnn(tail, carried)[0])
+        if tail.size(0):  # the extended context, which the next segment reads again
+            outs.append(self.run_layers(tail, carried)[0])
         new_mems = [s.detach() for s in carried] if mem_len > 0 and carried is not None else []
-        logits = self.output(torch.cat(outs, dim=1), targets)  # from (B, T, D)
+        logits = self.output(torch.cat(outs, dim=0).transpose(0, 1), targets)  # from (B, T, D)
         return (logits, new_mems, []) if need_weights else (logits, new_mems)
+
+    def run_layers(self, h: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None):
+        """h (T, B, D), state (h, c) (L, B, D) each or None (zeros) -> the last layer's outputs (T, B, D) and the
+        final state (h, c) (L, B, D) each."""
+        if h.device.type != "cpu":
+            return self.rnn(h, state)
+        return self.layers_on_cpu(h, state)
+
+    def layers_on_cpu(self, h: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None):
+        """`run_layers`, one layer at a time, dropout between them as `nn.LSTM`'s (module docstring)."""
+        n, finals = self.config.n_layers, []
+        if state is None:
+            zeros = h.new_zeros(n, h.size(1), self.config.d_model)  # (L, B, D)
+            state = (zeros, zeros)
+        for i, weights in enumerate(self.rnn.all_weights):  # [W_ih, W_hh, b_ih, b_hh] of layer i
+            if i:
+                h = self.dropout(h)
+            # (T, B, D), its final (1, B, D) x 2; args: biases, 1 layer, no dropout, train, one direction, time-major
+            h, *final = torch.lstm(h, (state[0][i : i + 1], state[1][i : i + 1]), weights, True, 1, 0.0,
+                                   self.training, False, False)
+            finals.append(final)
+        return h, tuple(torch.cat(f) for f in zip(*finals))  # (T, B, D); (L, B, D) x 2

@@ -1,0 +1,67 @@
+"""The LSTM LM's layers on a CPU: `nn.LSTM`'s own multi-layer call, batch-first with its dropout between layers (how
+`LSTMLM` ran them until 2026-12-01), against `LSTMLM.run_layers`, the same cells a layer at a time, time-major, with
+attnkit's dropout between them (attnkit.models.rnn_lm).
+
+    python benchmarks/lstm_layers.py [--batch 32] [--steps 128] [--dim 256] [--layers 4] [--dropout 0.1] [--rounds 20]
+
+One process, the two taking turns `--rounds` times (the order swapped every round), on the same weights: the tokens
+embedded, the layers, the outputs flattened to (B x T, D) as the output layer reads them, and a backward from a sum
+of squares of the outputs. Printed: each one's median time (ms) and the median of the rounds' ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from attnkit.config import RNNLMConfig
+from attnkit.models import build_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = build_model("lstm-lm", RNNLMConfig(vocab_size=256, d_model=a.dim, n_layers=a.layers, dropout=a.dropout))
+    model.train()
+    whole = nn.LSTM(a.dim, a.dim, a.layers, batch_first=True, dropout=a.dropout)  # the replaced call
+    whole.load_state_dict(model.rnn.state_dict())
+    x = torch.randint(256, (a.batch, a.steps))  # (B, T)
+
+    def batch_first() -> torch.Tensor:  # (B, T) -> (B x T, D)
+        out, _ = whole(model.embed_tokens(x))  # (B, T, D)
+        return out.reshape(-1, a.dim)
+
+    def time_major() -> torch.Tensor:
+        out, _ = model.run_layers(model.embed_tokens(x.t()), None)  # (T, B, D)
+        return out.transpose(0, 1).reshape(-1, a.dim)
+
+    sides = {"nn.LSTM, batch-first": batch_first, "run_layers, time-major": time_major}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(a.rounds + 2):  # the first two rounds warm up
+        for name in list(sides)[:: 1 if r % 2 else -1]:
+            start = time.perf_counter()
+            sides[name]().square().sum().backward()
+            if r >= 2:
+                times[name].append(time.perf_counter() - start)
+    (old, a_times), (new, b_times) = times.items()
+    for name, t in times.items():
+        print(f"{name}: {statistics.median(t) * 1e3:.1f} ms (median of {len(t)})")
+    ratio = statistics.median(o / n for o, n in zip(a_times, b_times))
+    print(f"{old} / {new}: {ratio:.3f}x (median of the rounds' ratios)")
+
+
+if __name__ == "__main__":
+    main()
