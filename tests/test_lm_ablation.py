@@ -20,6 +20,7 @@ from attnkit.eval.lm import evaluate_segments
 from attnkit.experiments.lm_ablation import default_presets
 from attnkit.models import build_model
 from attnkit.nn import causal_mask
+from attnkit.nn.dropout import dropout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 13
@@ -124,8 +125,6 @@ def test_lstm_layers_one_at_a_time_equal_nn_lstms_own_call():
 def test_lstm_dropout_falls_between_the_layers_as_nn_lstms():
     # with dropout, against single-layer nn.LSTMs on the same weights with attnkit's dropout drawn in the same order
     # after every layer but the last; and in eval mode no dropout at all (nn.LSTM's own call)
-    from attnkit.nn.dropout import dropout
-
     model = tiny("lstm-lm", n_layers=3, dropout=0.3).train()
     singles = []
     for i in range(3):

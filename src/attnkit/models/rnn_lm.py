@@ -68,9 +68,9 @@ class LSTMLM(LanguageModel):
 
     def layers_on_cpu(self, h: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None):
         """`run_layers`, one layer at a time, dropout between them as `nn.LSTM`'s (module docstring)."""
-        n, finals = self.config.n_layers, []
+        finals = []
         if state is None:
-            zeros = h.new_zeros(n, h.size(1), self.config.d_model)  # (L, B, D)
+            zeros = h.new_zeros(self.config.n_layers, h.size(1), self.config.d_model)  # (L, B, D)
             state = (zeros, zeros)
         for i, weights in enumerate(self.rnn.all_weights):  # [W_ih, W_hh, b_ih, b_hh] of layer i
             if i:
