@@ -67,6 +67,8 @@ RECIPES = {  # name: (what it trains, as runtime.KERNEL_CACHE names it; preset; 
     "lm-word-wt2": ("lm", "lm-word-wt2", "wt2"),
     "lm-char-small": ("lm", "lm-char-small", "shakespeare"),
     "lm-char-small-xl": ("lm", "lm-char-small-xl", "shakespeare"),
+    "rnn-bahdanau": ("translation", "rnn-bahdanau", "multi30k"),
+    "rnn-luong": ("translation", "rnn-luong", "multi30k"),
 }
 PREPARE = {
     "multi30k": ["prepare", "--src", "de", "--tgt", "en", "--train", f"{SHARED}/multi30k/train", "--valid",

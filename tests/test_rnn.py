@@ -15,7 +15,8 @@ from attnkit.decode import Translator, beam_search, greedy_search
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.models import build_model
 from attnkit.models.rnn import Attended, HardAttentionSeq2Seq, reverse_padded
-from attnkit.train.trainer import training_forward
+from attnkit.train.losses import label_smoothed_nll
+from attnkit.train.trainer import model_losses, training_forward
 
 V = 24
 # (kind, config changes): every variant, and the options that change the computation
@@ -135,6 +136,34 @@ def test_cached_step_by_step_decoding_equals_the_full_forward(kind, kw):
         logp, state, _ = m.step(tgt[:, t], state)
         torch.testing.assert_close(logp, full[:, t], atol=1e-5, rtol=1e-4)
     assert state.length == tgt.size(1)
+
+
+@pytest.mark.parametrize(("kind", "kw"), VARIANTS, ids=IDS)
+def test_training_loss_from_the_output_layers_input_equals_the_loss_of_the_logits(kind, kw):
+    """model_losses hands `states` and `output_layer` to the projected loss: the same losses and gradients as
+    label_smoothed_nll over forward's logits, dropout (the same draws, in the same order) and sampling included."""
+    m = build_model(kind, config(kind, dropout=0.3, **kw)).double().train()
+    tgt = targets()
+    batch = Batch(sources(), tgt, torch.roll(tgt, -1, 1).masked_fill(tgt.eq(PAD_ID), PAD_ID), torch.arange(4))
+    batch.tgt_out[:, -1] = EOS_ID
+    batch.tgt_out[1, 3:] = PAD_ID  # a shorter target: padding is not scored
+
+    def losses_and_grads(losses):
+        torch.manual_seed(5)
+        loss, nll = losses()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        m.zero_grad(set_to_none=True)
+        return loss.detach(), nll.detach(), grads
+
+    projected = losses_and_grads(lambda: model_losses(m, batch, 0.1))
+    whole = losses_and_grads(lambda: label_smoothed_nll(m(batch.src, batch.tgt_in), batch.tgt_out, 0.1, PAD_ID))
+    assert hasattr(m, "output_layer")  # the projected path was taken
+    for a, b in zip(projected[:2], whole[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert projected[2].keys() == whole[2].keys() and "out_proj.weight" in whole[2]
+    for name, g in whole[2].items():
+        torch.testing.assert_close(projected[2][name], g, rtol=1e-10, atol=1e-12, msg=name)
 
 
 def test_reversing_the_source_reads_it_backwards():

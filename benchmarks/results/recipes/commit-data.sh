@@ -4,7 +4,7 @@
 prepare_data() {  # OUT PRESET ATTNKIT...: PRESET's data in OUT, prepared by the command ATTNKIT... (e.g. attnkit)
     local out=$1 preset=$2 data; shift 2; data=$(cd ../shared/data && pwd)
     case "$preset" in
-        multi30k) "$@" prepare --src de --tgt en --train "$data/multi30k/train" --valid "$data/multi30k/val" \
+        multi30k|rnn-*) "$@" prepare --src de --tgt en --train "$data/multi30k/train" --valid "$data/multi30k/val" \
                       --test "$data/multi30k/test_2016_flickr" --vocab-size 8000 --out "$out" > /dev/null ;;
         lm-word-wt2) "$@" lm prepare --train "$data/wikitext-2/wiki.train.tokens.gz" \
                       --valid "$data/wikitext-2/wiki.valid.tokens.gz" --level word --out "$out" > /dev/null ;;
@@ -12,7 +12,7 @@ prepare_data() {  # OUT PRESET ATTNKIT...: PRESET's data in OUT, prepared by the
                       "$@" prepare --src "${dir%-*}" --tgt "${dir#*-}" --train "$data/tatoeba-cmn-eng/train" \
                       --valid "$data/tatoeba-cmn-eng/dev" --test "$data/tatoeba-cmn-eng/test" --vocab-size 8000 \
                       --out "$out" > /dev/null ;;
-        *) echo "preset $preset: multi30k, lm-word-wt2, tatoeba-zh-en or tatoeba-en-zh" >&2; return 2 ;;
+        *) echo "preset $preset: multi30k (or an rnn-* preset, on its data), lm-word-wt2, tatoeba-zh-en or tatoeba-en-zh" >&2; return 2 ;;
     esac
 }
 worktree_with_data() {  # DIR REV PRESET: a worktree of REV at DIR, its data in DIR/data from ../shared/data

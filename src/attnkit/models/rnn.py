@@ -208,6 +208,16 @@ class RNNSeq2Seq(nn.Module):
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src))[0]
 
+    def states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt_in (B, T) -> the output layer's input (B, T, H): `forward` but for its last product, which
+        training's loss makes a chunk of rows at a time (attnkit.train.trainer.model_losses)."""
+        features, _ = self._unroll(tgt_in, self.init_state(self.encode(src)))
+        return self.dropout(features)
+
+    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output layer's weight (V, H) and bias (V,): what `project` multiplies its dropped-out input by."""
+        return self.out_proj.weight, self.out_proj.bias
+
     def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
         """Logits plus the decoder-source alignment: {"cross": [(B, 1, T, S)]} (one layer, one head); hard attention
         adds {"scores": [(B, 1, T, S)]}, the distribution a_t each of its one-hot choices was taken from."""
@@ -220,7 +230,7 @@ class RNNSeq2Seq(nn.Module):
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Output features (..., H) -> vocabulary logits (..., V)."""
-        return self.out_proj(self.dropout(features))
+        return F.linear(self.dropout(features), *self.output_layer())
 
     # --- the decoder and its hooks ----------------------------------------------------------
     def _unroll(self, tgt_in: torch.Tensor, state: RNNState) -> tuple[torch.Tensor, list[Attended | None]]:

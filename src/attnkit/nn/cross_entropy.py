@@ -143,8 +143,9 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
             nll += chunk_nll.sum()
             if dz is None:
                 continue
-            if grad_b is not None:
-                grad_b += dz.sum(0, dtype=acc)
+            if grad_b is not None:  # summed in float32, rounded to dz's precision as the product for W is; a
+                # float32 result from bf16 costs 3.8x the time (4.8 against 1.25 ms at 1,040 x 8,000)
+                grad_b += dz.sum(0)
             if k < hc.size(0):
                 dz = F.pad(dz, (0, 0, 0, hc.size(0) - k))  # zero rows: nothing reaches W or b from the padding
             # the products in z's precision: autocast, still on here, casts W (from its cache) and h as for z
