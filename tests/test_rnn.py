@@ -143,10 +143,11 @@ def test_training_loss_from_the_output_layers_input_equals_the_loss_of_the_logit
     """model_losses hands `states` and `output_layer` to the projected loss: the same losses and gradients as
     label_smoothed_nll over forward's logits, dropout (the same draws, in the same order) and sampling included."""
     m = build_model(kind, config(kind, dropout=0.3, **kw)).double().train()
-    tgt = targets()
-    batch = Batch(sources(), tgt, torch.roll(tgt, -1, 1).masked_fill(tgt.eq(PAD_ID), PAD_ID), torch.arange(4))
-    batch.tgt_out[:, -1] = EOS_ID
-    batch.tgt_out[1, 3:] = PAD_ID  # a shorter target: padding is not scored
+    tgt_in = targets()
+    tgt_out = torch.roll(tgt_in, -1, 1)  # y + EOS
+    tgt_out[:, -1] = EOS_ID
+    tgt_out[1, 3:] = PAD_ID  # a shorter target: padding is not scored
+    batch = Batch(sources(), tgt_in, tgt_out, torch.arange(4))
 
     def losses_and_grads(losses):
         torch.manual_seed(5)
@@ -158,7 +159,7 @@ def test_training_loss_from_the_output_layers_input_equals_the_loss_of_the_logit
 
     projected = losses_and_grads(lambda: model_losses(m, batch, 0.1))
     whole = losses_and_grads(lambda: label_smoothed_nll(m(batch.src, batch.tgt_in), batch.tgt_out, 0.1, PAD_ID))
-    assert hasattr(m, "output_layer")  # the projected path was taken
+    assert hasattr(m, "output_layer")  # what makes model_losses take the projected path
     for a, b in zip(projected[:2], whole[:2]):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert projected[2].keys() == whole[2].keys() and "out_proj.weight" in whole[2]
