@@ -12,7 +12,8 @@ prepare_data() {  # OUT PRESET ATTNKIT...: PRESET's data in OUT, prepared by the
                       "$@" prepare --src "${dir%-*}" --tgt "${dir#*-}" --train "$data/tatoeba-cmn-eng/train" \
                       --valid "$data/tatoeba-cmn-eng/dev" --test "$data/tatoeba-cmn-eng/test" --vocab-size 8000 \
                       --out "$out" > /dev/null ;;
-        *) echo "preset $preset: multi30k (or an rnn-* preset, on its data), lm-word-wt2, tatoeba-zh-en or tatoeba-en-zh" >&2; return 2 ;;
+        *) echo "preset $preset: multi30k (or an rnn-* preset, on its data), lm-word-wt2, tatoeba-zh-en or" \
+                "tatoeba-en-zh" >&2; return 2 ;;
     esac
 }
 worktree_with_data() {  # DIR REV PRESET: a worktree of REV at DIR, its data in DIR/data from ../shared/data
