@@ -1,4 +1,4 @@
-# Sourced by before-after.sh, step-ci.sh and dtype-auto-check.sh: a preset's data prepared from ../shared/data, a
+# Sourced by before-after.sh, step-ci.sh, dtype-auto-check.sh and amx-path-rss/run.sh: a preset's data prepared from ../shared/data, a
 # worktree of one commit with that data prepared by the commit's own code (the prepared format changed at #42), and
 # the verb that trains the preset. Run from the repository root.
 prepare_data() {  # OUT PRESET ATTNKIT...: PRESET's data in OUT, prepared by the command ATTNKIT... (e.g. attnkit)
@@ -23,4 +23,14 @@ worktree_with_data() {  # DIR REV PRESET: a worktree of REV at DIR, its data in 
 }
 train_verb() {  # PRESET: the attnkit verb that trains it ("lm train" for the language models)
     case "$1" in lm-*) echo "lm train" ;; *) echo train ;; esac
+}
+step_and_peak() {  # METRICS STEPS: the mean step over updates 50 to STEPS (ms) and the run's peak RSS (MiB)
+    python3 - "$1" "$2" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"]
+t = {int(r["step"]): float(r["elapsed_s"]) for r in rows}
+last = int(sys.argv[2])
+peak = max(float(r.get("peak_rss_mb") or r["rss_mb"]) for r in rows)  # older commits log the resident set only
+print(f"{1e3 * (t[last] - t[50]) / (last - 50):.1f} {peak:.0f}")
+PY
 }

@@ -22,14 +22,7 @@ train() {  # LABEL: STEPS updates of the preset; prints the mean step over updat
     # shellcheck disable=SC2046  # the verb is one or two words
     env PYTHONPATH="$PWD/$wt/src" python3 -m attnkit $(train_verb "$preset") --config "$preset" --data "$wt/data" \
         --out "$wt/run" --quiet --train.max_steps="$steps" > "$root/$1.log" 2>&1
-    python3 - "$wt/run/metrics.csv" "$steps" <<'PY'
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"]
-t = {int(r["step"]): float(r["elapsed_s"]) for r in rows}
-last = int(sys.argv[2])
-peak = max(float(r.get("peak_rss_mb") or r["rss_mb"]) for r in rows)  # older commits log the resident set only
-print(f"{1e3 * (t[last] - t[50]) / (last - 50):.1f} {peak:.0f}")
-PY
+    step_and_peak "$wt/run/metrics.csv" "$steps"
 }
 for side in before after; do
     rev=$before; [ $side = after ] && rev=$after

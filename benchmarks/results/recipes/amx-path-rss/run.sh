@@ -23,15 +23,8 @@ train() {  # PATH_NAME: prints the mean step (ms), metrics.csv's peak and the wh
     /usr/bin/time -v -o "$root/$1.time" python3 -c "$code" train --config multi30k \
         --data "$root/data" --out "$out" --quiet --train.max_steps="$steps" > "$root/$1.log" 2>&1 \
         || { echo "$1 failed (exit $?), the end of $root/$1.log:" >&2; tail -3 "$root/$1.log" >&2; return 1; }
-    python3 - "$out/metrics.csv" "$steps" "$root/$1.time" <<'PY'
-import csv, re, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "train"]
-t = {int(r["step"]): float(r["elapsed_s"]) for r in rows}
-last = int(sys.argv[2])
-peak = max(float(r["peak_rss_mb"]) for r in rows)
-whole = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(sys.argv[3]).read())[1]) / 1024
-print(f"{1e3 * (t[last] - t[50]) / (last - 50):.1f} {peak:.0f} {whole:.1f}")
-PY
+    local kb; kb=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$root/$1.time")
+    echo "$(step_and_peak "$out/metrics.csv" "$steps") $(awk -v kb="$kb" 'BEGIN { printf "%.1f", kb / 1024 }')"
 }
 for ((r = 1; r <= rounds; r++)); do
     order=(this-cpu amx-path); ((r % 2 == 0)) && order=(amx-path this-cpu)
