@@ -26,6 +26,7 @@ from attnkit.cli.options import (
     add_sampling_options,
     add_train_options,
     text,
+    train_config,
 )
 from attnkit.errors import AttnkitError
 
@@ -130,20 +131,15 @@ def cmd_prepare(args, overrides: list[str]) -> None:
 
 
 def cmd_train(args, overrides: list[str]) -> None:
-    from pathlib import Path
-
     from attnkit import config as cfgmod
-    from attnkit.checkpoint import load_checkpoint
-    from attnkit.presets import apply_overrides
     from attnkit.train.lm_trainer import LMTrainer
 
-    last = Path(args.out) / "checkpoints" / "last.safetensors"
-    if args.resume and not args.config and last.exists():
-        data = apply_overrides(cfgmod.to_dict(load_checkpoint(last).config), overrides)
-        cfg = cfgmod.from_dict(cfgmod.LMRunConfig, data)
-    else:
-        cfg = cfgmod.resolve(args.config or [DEFAULT_PRESET], overrides, cls=cfgmod.LMRunConfig)
-    trainer = LMTrainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet)
+    cfg = train_config(args, overrides, DEFAULT_PRESET, cls=cfgmod.LMRunConfig)
+    if not isinstance(cfg, cfgmod.LMRunConfig):
+        raise AttnkitError(f"the run in {args.out} trains a '{cfg.model.kind}' seq2seq model: continue it with "
+                           "`attnkit train --resume`")
+    trainer = LMTrainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet,
+                        change_recipe=args.change_recipe)
     metrics = trainer.fit()
     print(" | ".join(f"{k} {v:.4f}" for k, v in metrics.items()) or "no validation split: no metrics")
     print(f"checkpoints: {trainer.last_path.parent}")

@@ -126,9 +126,28 @@ def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_conf
     t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")
     t.add_argument("--out", required=True, help="run folder (checkpoints, logs, config)")
     add_config_option(t, default_config)
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.safetensors")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from OUT/checkpoints/last.safetensors with the run's own recipe (its config, "
+                        "unless --config is given) on the data it was trained on; overrides may change the budget "
+                        "(train.max_epochs, max_steps, max_minutes) and the bookkeeping")
+    t.add_argument("--change-recipe", action="store_true",
+                   help="with --resume: accept a --config or overrides that change the recipe (model, batching, "
+                        "schedule); the changes are written to train.log")
     t.add_argument("--force", action="store_true", help="start over in a folder that holds a run")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def train_config(args, overrides: list[str], default_preset: str, cls: type | None = None):
+    """The config a training verb runs: --resume without --config continues the run's own (train.base.run_config),
+    else the presets (`default_preset` when none is named) with the overrides."""
+    from attnkit import config as cfgmod
+    from attnkit.train.base import run_config
+
+    if args.change_recipe and not args.resume:
+        raise AttnkitError("--change-recipe changes a resumed run's recipe: it needs --resume")
+    if args.resume and not args.config:
+        return run_config(args.out, overrides)
+    return cfgmod.resolve(args.config or [default_preset], overrides, cls=cls)
 
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attnkit.cli.options import add_overrides, add_train_options, add_trust_option
+from attnkit.cli.options import add_overrides, add_train_options, add_trust_option, train_config
 from attnkit.errors import AttnkitError
 
 
@@ -53,7 +53,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = sub.add_parser("train", help="train a seq2seq model (Transformer, rnn-*) on a prepared corpus")
-    add_train_options(t, "attnkit prepare", "transformer-small", "translation")
+    add_train_options(t, "attnkit prepare", "transformer-small; with --resume: the run's", "translation")
 
     av = sub.add_parser("average", help="average the weights of several checkpoints into a new one")
     av.add_argument("checkpoints", nargs="*", help="checkpoint files (or use --run and --last)")
@@ -99,11 +99,12 @@ def cmd_train(args, overrides: list[str]) -> None:
     from attnkit import config as cfgmod
     from attnkit.train.trainer import Trainer
 
-    cfg = cfgmod.resolve(args.config or ["transformer-small"], overrides)
+    cfg = train_config(args, overrides, "transformer-small")
     if not isinstance(cfg, cfgmod.RunConfig):
-        raise AttnkitError(f"--config {' '.join(args.config)} configures a '{cfg.model.kind}' language model: "
-                           "train it with `attnkit lm train`")
-    trainer = Trainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet)
+        where = f"--config {' '.join(args.config)}" if args.config else f"the run in {args.out}"
+        raise AttnkitError(f"{where} configures a '{cfg.model.kind}' language model: train it with `attnkit lm train`")
+    trainer = Trainer(cfg, args.data, args.out, resume=args.resume, force=args.force, progress=not args.quiet,
+                      change_recipe=args.change_recipe)
     metrics = trainer.fit()
     print(" | ".join(f"{k} {v:.3f}" for k, v in metrics.items()) or "no dev set: no metrics")
     print(f"checkpoints: {trainer.last_path.parent}")

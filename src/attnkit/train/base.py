@@ -8,6 +8,11 @@ blobs, implements `run()` and calls `stop_if_asked()` after every update.
 
 `last.safetensors` is written atomically, and the one it replaces is kept as `prev.safetensors`: a
 resume whose `last` is damaged (truncated by a copy, a bad disk) goes on from `prev` with a warning.
+
+A resume continues the run's own recipe (`run_config` reads it back from the run folder) on the data it was
+trained on: `restore` refuses a checkpoint whose tokenizers or training split are not the data folder's, and a
+config that changes anything beyond the budget and the bookkeeping (`recipe_changes`), unless the caller asks for
+the change (`change_recipe`, recorded in train.log). tests/test_resume.py checks each refusal.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
-from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_checkpoint
+from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_checkpoint, tokenizer_difference
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
@@ -39,6 +44,12 @@ from attnkit.train.schedules import make_schedule
 
 MAX_BAD_STEPS = 20  # consecutive non-finite updates before the run stops
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What a resumed run may change without --change-recipe: how long it trains and how it keeps its books. Neither the
+# weights' meaning, nor the batches, nor the learning rate of any update depends on them (a schedule's horizon
+# excepted: `horizon_fields`).
+BUDGET = frozenset({"train.max_epochs", "train.max_steps", "train.max_minutes"})
+BOOKKEEPING = frozenset({"train.log_every", "train.save_every_minutes", "train.save_every_steps", "train.keep_epochs",
+                         "train.device", "train.compile", "train.compile_backend", "train.eval_batch_size"})
 
 
 class Interrupted(AttnkitError):
@@ -60,15 +71,70 @@ def decay_groups(model: torch.nn.Module, weight_decay: float, decay_vectors: boo
     return [g for g in groups if g["params"]]
 
 
+def flat_config(cfg: Any) -> dict[str, Any]:
+    """A run config as {"section.field": value}."""
+    def walk(prefix: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            return {prefix: value}
+        return {k: v for name, sub in value.items() for k, v in walk(f"{prefix}.{name}" if prefix else name,
+                                                                     sub).items()}
+    return walk("", cfgmod.to_dict(cfg))
+
+
+def horizon_fields(t: cfgmod.Optimisation) -> frozenset[str]:
+    """The budget fields the learning rate of every update depends on: the cosine's or the cooldown's horizon."""
+    if t.horizon == "time":
+        return frozenset({"train.max_minutes", "train.max_steps"})
+    return frozenset({"train.max_steps"}) if t.schedule == "cosine" or t.cooldown else frozenset()
+
+
+def recipe_changes(saved: Any, wanted: Any) -> tuple[list[str], list[str]]:
+    """What `wanted` changes of the run config `saved`, as "field old -> new": (the budget and bookkeeping changes a
+    resume may make, the recipe changes it may make only when asked). `train.dtype: auto` keeps the precision
+    the run chose at its start, so it changes nothing."""
+    old, new = flat_config(saved), flat_config(wanted)
+    if new.get("train.dtype") == "auto":
+        new["train.dtype"] = old.get("train.dtype")
+    free = (BUDGET | BOOKKEEPING) - horizon_fields(saved.train)
+    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    line = {k: f"{k} {old.get(k)} -> {new.get(k)}" for k in changed}
+    return [line[k] for k in changed if k in free], [line[k] for k in changed if k not in free]
+
+
+def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Any:
+    """The config a run folder's run was trained with, `overrides` on top: the newest loadable checkpoint's
+    (`last`, else `prev`), else the config.yaml written at its start. `--resume` without `--config` continues
+    with it, so a resume never falls back to a default preset."""
+    run_dir = Path(run_dir)
+    damaged = []
+    for path in (run_dir / "checkpoints" / "last.safetensors", run_dir / "checkpoints" / "prev.safetensors"):
+        if path.exists():
+            try:
+                return cfgmod.resolve_dict(cfgmod.to_dict(load_checkpoint(path).config), overrides)
+            except CheckpointError as e:
+                damaged.append(str(e))
+    if (run_dir / "config.yaml").is_file():
+        return cfgmod.resolve_dict(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {},
+                                   overrides)
+    if damaged:
+        raise CheckpointError(f"no loadable checkpoint in {run_dir / 'checkpoints'} to resume from: "
+                              + "; ".join(damaged))
+    raise AttnkitError(f"{run_dir} holds no run to resume (no checkpoints/last.safetensors, no config.yaml): "
+                       "start one with --config PRESET")
+
+
 class TrainerBase:
     state_class: type  # the loop's training-position dataclass
     cfg: Any  # the run config (RunConfig, LMRunConfig)
     state: Any
     log: MetricsLog
 
-    def open_run(self, run_dir: str | Path, *, resume: bool, force: bool, device: str) -> None:
+    def open_run(self, run_dir: str | Path, *, resume: bool, force: bool, device: str,
+                 change_recipe: bool = False) -> None:
         """Join the torchrun process group if there is one; check the run folder now (writable; a run
-        there needs --resume or --force). Only rank 0 writes into it."""
+        there needs --resume or --force). Only rank 0 writes into it. `change_recipe`: a resume may go on with
+        another recipe than the run's own (`restore`)."""
+        self.change_recipe = change_recipe
         self.device = resolve_device(device)
         self.dist = Distributed.from_env(self.device.type)
         self.device = self.dist.device(self.device)
@@ -106,7 +172,7 @@ class TrainerBase:
 
     def start(self, resume: bool) -> None:
         """Restore the newest good checkpoint when resuming, write the resolved config, open the logs."""
-        self.state = self.state_class()
+        self.state = self.state_class(data=self.data_fingerprint())
         notes = self.resume_from_newest() if resume else []
         notes.append(self.settle_dtype())
         if not self.dist.is_main:
@@ -164,12 +230,12 @@ class TrainerBase:
             except CheckpointError as e:
                 notes.append(f"warning: {e}; trying the checkpoint before it")
                 continue
-            self.restore(ckpt)
+            changes = self.restore(ckpt, path)
             if path == self.prev_path and not notes:  # a stop between the two renames of a save
                 notes.append(f"warning: {self.last_path.name} is missing")
             if notes:
                 notes.append(f"resumed from {path} (step {self.state.step})")
-            return notes
+            return notes + changes
         if notes:
             raise CheckpointError(f"no loadable checkpoint in {self.last_path.parent} to resume from: "
                                   + "; ".join(notes))
@@ -206,19 +272,49 @@ class TrainerBase:
         self.save(self.last_path)
         release_kept_memory()
 
-    def restore(self, ckpt: Checkpoint) -> None:
+    def data_fingerprint(self) -> str:
+        """The training split in a few numbers (its size), kept in the training state: a resume on other data of the
+        same tokenizer would take other batches at the saved position."""
+        raise NotImplementedError
+
+    def check_resumable(self, ckpt: Checkpoint, path: Path) -> list[str]:
+        """Refuse (one line) a checkpoint this run cannot continue: another model kind, other tokenizers or training
+        data than the data folder's, another recipe unless `change_recipe`. Returns the changes made, for the log."""
         if ckpt.kind != self.model.kind:
-            raise AttnkitError(f"{self.last_path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
-        load_weights(self.model, ckpt, self.last_path)
+            raise AttnkitError(f"{path} holds a '{ckpt.kind}' model, not a '{self.model.kind}'")
+        differs = tokenizer_difference(ckpt, Checkpoint(ckpt.kind, self.cfg, {}, self.tokenizer_blobs()))
+        if differs:
+            raise AttnkitError(f"{path} was trained with other tokenizers than {self.data_dir}'s ({differs}; was it "
+                               "prepared again since?): every id would mean another piece. Resume on the data the "
+                               "run was trained on, or start a new run")
+        saved_data = ckpt.train_state.get("data", "")
+        if saved_data and saved_data != self.data_fingerprint():
+            raise AttnkitError(f"{path} was trained on other data than {self.data_dir}'s ({saved_data}, not "
+                               f"{self.data_fingerprint()}): resume on the data the run was trained on, "
+                               "or start a new run")
+        free, recipe = recipe_changes(ckpt.config, self.cfg)
+        if recipe and not self.change_recipe:
+            raise AttnkitError(f"resuming {path} would change the run's recipe: {'; '.join(recipe)}. Resume without "
+                               "--config and those overrides (--resume alone continues the run's own), or pass "
+                               "--change-recipe to train on with the change")
+        return [f"resumed with {'; '.join(free)}" if free else "",
+                f"resumed with a changed recipe (--change-recipe): {'; '.join(recipe)}" if recipe else ""]
+
+    def restore(self, ckpt: Checkpoint, path: Path) -> list[str]:
+        """Continue from `ckpt` (read from `path`): weights, optimizer, RNG and training position; returns notes for
+        the log (`check_resumable`)."""
+        notes = [n for n in self.check_resumable(ckpt, path) if n]
+        load_weights(self.model, ckpt, path)
         if ckpt.optimizer_state is not None:
             self.optimizer.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             torch.set_rng_state(ckpt.rng_state)
         if ckpt.cuda_rng_state is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(ckpt.cuda_rng_state, self.device)
-        self.state = self.state_class(**ckpt.train_state)
+        self.state = self.state_class(**{**ckpt.train_state, "data": self.data_fingerprint()})
         self.resumed_dtype = ckpt.config.train.dtype  # what `auto` chose at the run's start
         self.seed_rank(self.state.step)  # the checkpoint holds rank 0's generator
+        return notes
 
     # --- the loop and its interruption ------------------------------------------------------
     def fit(self) -> dict[str, float]:

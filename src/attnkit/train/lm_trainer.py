@@ -48,14 +48,15 @@ class LMTrainState:
     best: float | None = None  # best validation loss so far
     skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
     skipped_total: int = 0  # all updates skipped so far
+    data: str = ""  # the training split's size (TrainerBase.data_fingerprint): a resume checks it is the same
 
 
 class LMTrainer(TrainerBase):
     state_class = LMTrainState
 
     def __init__(self, cfg: cfgmod.LMRunConfig, data_dir: str | Path, run_dir: str | Path, *,
-                 resume: bool = False, force: bool = False, progress: bool = True):
-        self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device)
+                 resume: bool = False, force: bool = False, progress: bool = True, change_recipe: bool = False):
+        self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device, change_recipe=change_recipe)
         t = cfg.train
         if not (t.max_steps or t.max_minutes):
             raise ConfigError("set a budget: train.max_steps or train.max_minutes")
@@ -73,9 +74,12 @@ class LMTrainer(TrainerBase):
     def tokenizer_blobs(self) -> dict[str, bytes]:
         return {LM_VOCAB: self.corpus.vocab.to_bytes()}
 
-    def restore(self, ckpt: Checkpoint) -> None:
-        super().restore(ckpt)
+    def data_fingerprint(self) -> str:
+        return f"{len(self.corpus.arrays['train']):,} training tokens"
+
+    def restore(self, ckpt: Checkpoint, path: Path) -> list[str]:
         self.mems = None  # memory-free restart, see the module docstring
+        return super().restore(ckpt, path)
 
     # --- one update -------------------------------------------------------------------------
     def _next_segments(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

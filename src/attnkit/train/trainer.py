@@ -53,6 +53,7 @@ class TrainState:
     best: float | None = None  # best dev metric so far
     skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
     skipped_total: int = 0  # all updates skipped so far
+    data: str = ""  # the training split's size (TrainerBase.data_fingerprint): a resume checks it is the same
 
 
 def training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
@@ -93,8 +94,8 @@ class Trainer(TrainerBase):
     state_class = TrainState
 
     def __init__(self, cfg: cfgmod.RunConfig, data_dir: str | Path, run_dir: str | Path, *,
-                 resume: bool = False, force: bool = False, progress: bool = True):
-        self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device)
+                 resume: bool = False, force: bool = False, progress: bool = True, change_recipe: bool = False):
+        self.open_run(run_dir, resume=resume, force=force, device=cfg.train.device, change_recipe=change_recipe)
         self.data_dir, self.progress = Path(data_dir), progress
         self.src_tok, self.tgt_tok = load_tokenizers(self.data_dir)
         self.languages = data_languages(self.data_dir)
@@ -142,6 +143,11 @@ class Trainer(TrainerBase):
                                tgt_vocab_size=self.tgt_tok.vocab_size,
                                share_embeddings=cfg.model.share_embeddings and joint)
         return cfgmod.replace(cfg, model=model)
+
+    def data_fingerprint(self) -> str:
+        split = self.train_split
+        return (f"{len(split.src_lens):,} training pairs of {int(split.src_lens.sum()):,} + "
+                f"{int(split.tgt_lens.sum()):,} tokens")
 
     def checkpoint_languages(self) -> dict[str, str | None]:
         return self.languages if any(self.languages.values()) else {}
