@@ -172,7 +172,7 @@ class TrainerBase:
 
     def start(self, resume: bool) -> None:
         """Restore the newest good checkpoint when resuming, write the resolved config, open the logs."""
-        self.state = self.state_class(data=self.data_fingerprint())
+        self.state = self.state_class(data=self.data_fingerprint(), processes=self.dist.world)
         notes = self.resume_from_newest() if resume else []
         notes.append(self.settle_dtype())
         if not self.dist.is_main:
@@ -293,6 +293,12 @@ class TrainerBase:
                                f"{self.data_fingerprint()}): resume on the data the run was trained on, "
                                "or start a new run")
         free, recipe = recipe_changes(ckpt.config, self.cfg)
+        saved_processes = ckpt.train_state.get("processes", 1)
+        kept = ckpt.config.train.accumulate * saved_processes == self.cfg.train.accumulate * self.dist.world
+        recipe = [c for c in recipe if not c.startswith("train.accumulate ")]  # what counts is the batch an update
+        if not kept:
+            recipe.append(f"batches an update (train.accumulate x processes) {ckpt.config.train.accumulate} x "
+                          f"{saved_processes} -> {self.cfg.train.accumulate} x {self.dist.world}")
         if recipe and not self.change_recipe:
             raise AttnkitError(f"resuming {path} would change the run's recipe: {'; '.join(recipe)}. Resume without "
                                "--config and those overrides (--resume alone continues the run's own), or pass "
@@ -311,7 +317,8 @@ class TrainerBase:
             torch.set_rng_state(ckpt.rng_state)
         if ckpt.cuda_rng_state is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(ckpt.cuda_rng_state, self.device)
-        self.state = self.state_class(**{**ckpt.train_state, "data": self.data_fingerprint()})
+        self.state = self.state_class(**{**ckpt.train_state, "data": self.data_fingerprint(),
+                                         "processes": self.dist.world})
         self.resumed_dtype = ckpt.config.train.dtype  # what `auto` chose at the run's start
         self.seed_rank(self.state.step)  # the checkpoint holds rank 0's generator
         return notes

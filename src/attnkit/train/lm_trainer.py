@@ -49,6 +49,7 @@ class LMTrainState:
     skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
     skipped_total: int = 0  # all updates skipped so far
     data: str = ""  # the training split's size (TrainerBase.data_fingerprint): a resume checks it is the same
+    processes: int = 1  # the world size it trained with: train.accumulate x processes is what a resume keeps
 
 
 class LMTrainer(TrainerBase):

@@ -54,6 +54,7 @@ class TrainState:
     skipped: int = 0  # consecutive updates skipped for a non-finite loss or gradient
     skipped_total: int = 0  # all updates skipped so far
     data: str = ""  # the training split's size (TrainerBase.data_fingerprint): a resume checks it is the same
+    processes: int = 1  # the world size it trained with: train.accumulate x processes is what a resume keeps
 
 
 def training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
