@@ -7,7 +7,10 @@ the test corpus, split by a sentencepiece model into fairseq's dictionary ids. I
 log-probability to every target token (to 1e-4) and the same greedy outputs, for post-LN with shared tables,
 pre-LN with GELU and separate tables, and unscaled embeddings with a tied output; the check fails when one mapping
 is changed (attnkit's sinusoid for fairseq's, positions counted from 0).
-What attnkit cannot express is refused in one line, and malformed dictionaries are named by file and line.
+What attnkit cannot express is refused in one line, and malformed dictionaries are named by file and line. Among
+those are fairseq models whose encoder and decoder place their LayerNorms differently, or whose pre-LN decoder has
+no final LayerNorm (attnkit's Transformer has one placement for both stacks, each pre-LN one ending with a
+LayerNorm): each is refused by its settings, and, its settings stripped, by the final LayerNorms its weights hold.
 """
 
 from __future__ import annotations
@@ -47,6 +50,24 @@ CASES = {
                                                       "--activation-fn", "gelu"],
     "unscaled embeddings, output tied to the decoder's": ["--no-scale-embedding", "--share-decoder-input-output-embed"],
 }
+# fairseq models attnkit's Transformer cannot express: the options, the words the refusal names, and those it names
+# when the checkpoint lacks the placement settings (read from the final LayerNorms the weights hold)
+ENCODER_PRE = ("the encoder ends with a final LayerNorm (encoder.layer_norm: pre-LN) but the decoder lacks a final "
+               "LayerNorm (decoder.layer_norm: post-LN)")
+DECODER_PRE = ("the encoder lacks a final LayerNorm (encoder.layer_norm: post-LN) but the decoder ends with a final "
+               "LayerNorm (decoder.layer_norm: pre-LN)")
+REFUSED = {
+    "pre-LN encoder, post-LN decoder": (["--encoder-normalize-before"],
+                                        "encoder_normalize_before=True but decoder_normalize_before=False",
+                                        ENCODER_PRE),
+    "post-LN encoder, pre-LN decoder": (["--decoder-normalize-before"],
+                                        "encoder_normalize_before=False but decoder_normalize_before=True",
+                                        DECODER_PRE),
+    "pre-LN, no final LayerNorm in the decoder": (["--encoder-normalize-before", "--decoder-normalize-before",
+                                                   "--no-decoder-final-norm"], "no_decoder_final_norm=True",
+                                                  ENCODER_PRE),
+}
+PLACEMENT = ("encoder_normalize_before", "decoder_normalize_before", "no_decoder_final_norm")  # what stripping drops
 MAX_LEN = 12
 
 
@@ -71,23 +92,52 @@ def corpus(data_dir):
     return tok, symbols(tok), list(zip(src, tgt))
 
 
+def oracle_folder(folder: Path, extra: list[str], seed: int, corpus, data_dir: Path) -> tuple[Path, list[dict]]:
+    """A folder holding fairseq's checkpoint of `extra`'s model, its dictionaries and the sentencepiece model, and
+    what fairseq scores and decodes with it."""
+    tok, names, pairs = corpus
+    folder.mkdir()
+    case = {"args": ["--arch", "transformer", *SIZES, *extra], "seed": seed, "symbols": names, "max_len_b": MAX_LEN,
+            "pairs": [[fairseq_ids(tok, names, s), fairseq_ids(tok, names, t)] for s, t in pairs]}
+    (folder / "case.json").write_text(json.dumps(case))
+    done = subprocess.run([str(ORACLE), str(SCRIPT), str(folder / "case.json"), str(folder)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (folder / "spm.model").write_bytes((data_dir / "tokenizer.model").read_bytes())
+    return folder, json.loads((folder / "outputs.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, corpus, data_dir) -> dict[str, tuple[Path, list[dict]]]:
-    tok, names, pairs = corpus
     root = tmp_path_factory.mktemp("fairseq")
-    out = {}
-    for i, (name, extra) in enumerate(CASES.items()):
-        folder = root / f"case{i}"
-        folder.mkdir()
-        case = {"args": ["--arch", "transformer", *SIZES, *extra], "seed": i, "symbols": names, "max_len_b": MAX_LEN,
-                "pairs": [[fairseq_ids(tok, names, s), fairseq_ids(tok, names, t)] for s, t in pairs]}
-        (folder / "case.json").write_text(json.dumps(case))
-        done = subprocess.run([str(ORACLE), str(SCRIPT), str(folder / "case.json"), str(folder)],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        (folder / "spm.model").write_bytes((data_dir / "tokenizer.model").read_bytes())
-        out[name] = (folder, json.loads((folder / "outputs.json").read_text()))
-    return out
+    return {name: oracle_folder(root / f"case{i}", extra, i, corpus, data_dir)
+            for i, (name, extra) in enumerate(CASES.items())}
+
+
+@pytest.fixture(scope="module")
+def refused_folders(tmp_path_factory, corpus, data_dir) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fairseq-refused")
+    return {name: oracle_folder(root / f"case{i}", extra, i, corpus, data_dir)[0]
+            for i, (name, (extra, _, _)) in enumerate(REFUSED.items())}
+
+
+def rewritten(folder: Path, dest: Path, change) -> Path:
+    """A copy of `folder`'s checkpoint (cfg.model a dict) after `change(ckpt)`, saved in `dest` beside the folder's
+    dictionaries and sentencepiece model."""
+    ckpt = torch.load(folder / "checkpoint_best.pt", weights_only=False)
+    copy = {**ckpt, "model": dict(ckpt["model"]), "cfg": {**ckpt["cfg"], "model": vars(ckpt["cfg"]["model"]).copy()}}
+    change(copy)
+    dest.mkdir(parents=True)
+    torch.save(copy, dest / "model.pt")
+    for name in ("dict.src.txt", "dict.tgt.txt", "spm.model"):
+        (dest / name).write_bytes((folder / name).read_bytes())
+    return dest
+
+
+def stripped(ckpt: dict) -> None:
+    """A checkpoint without the LayerNorm placement settings (as some tools strip them)."""
+    for name in PLACEMENT:
+        ckpt["cfg"]["model"].pop(name, None)
 
 
 def imported(folder: Path, tmp_path: Path, **kw) -> Path:
@@ -133,6 +183,49 @@ def test_imported_models_score_and_decode_as_fairseq(folders, corpus, case, tmp_
         assert ours.tgt_pieces == [table[i] for i in theirs["greedy"][:-1]]  # fairseq's ends with </s>
 
 
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+def test_a_mixed_placement_is_refused_in_one_line(refused_folders, case, tmp_path):
+    """fairseq's own model with each stack's LayerNorm placement set apart: refused by the setting that says so,
+    never imported as another network (a post-LN encoder read as both, dropping the decoder's final LayerNorm)."""
+    with pytest.raises(CheckpointError) as e:
+        imported(refused_folders[case], tmp_path)
+    words = REFUSED[case][1]
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert "truncated" not in str(e.value)  # not mistaken for a checkpoint missing a tensor
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+def test_a_stripped_mixed_placement_is_refused_by_its_weights(refused_folders, case, tmp_path):
+    """Without the settings, both stacks' placements are read from the final LayerNorms the weights hold: one
+    stack holding one and the other not is refused in one line naming both."""
+    path = rewritten(refused_folders[case], tmp_path / "stripped", stripped)
+    with pytest.raises(CheckpointError) as e:
+        imported(path, tmp_path)
+    assert REFUSED[case][2] in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("case", list(CASES)[:2], ids=list(CASES)[:2])
+def test_a_stripped_uniform_placement_scores_as_fairseq(folders, corpus, case, tmp_path):
+    """Post-LN and pre-LN models stripped of their placement settings import from their weights, as fairseq
+    scores them."""
+    folder, expected = folders[case]
+    path = imported(rewritten(folder, tmp_path / "stripped", stripped), tmp_path)
+    for ours, theirs in zip(token_logprobs(path, corpus[2], len(corpus[1]) + 4), expected):
+        torch.testing.assert_close(ours, torch.tensor(theirs["target_logprobs"]), atol=1e-4, rtol=1e-4)
+
+
+def test_settings_that_contradict_the_weights_are_refused(folders, tmp_path):
+    """A pre-LN model whose settings say post-LN: refused in one line, not read either way."""
+    folder, _ = folders[list(CASES)[1]]
+
+    def post_ln(ckpt: dict) -> None:
+        ckpt["cfg"]["model"].update(encoder_normalize_before=False, decoder_normalize_before=False)
+
+    with pytest.raises(CheckpointError) as e:
+        imported(rewritten(folder, tmp_path / "contradicted", post_ln), tmp_path)
+    assert "holds encoder.layer_norm.weight" in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("wrong", ["attnkit's sinusoid", "positions from 0"])
 def test_the_check_fails_when_a_mapping_is_changed(folders, corpus, tmp_path, monkeypatch, wrong):
     from attnkit.nn import sinusoid_table
@@ -165,25 +258,23 @@ def test_a_pickle_is_read_only_when_trusted(folders, tmp_path, capsys):
 
 def test_what_attnkit_cannot_express_is_refused_in_one_line(folders, tmp_path):
     folder, _ = folders[next(iter(CASES))]
-    ckpt = torch.load(folder / "checkpoint_best.pt", weights_only=False)
+
+    def make(change: str):
+        def apply(bad: dict) -> None:
+            if change == "layernorm_embedding":
+                bad["model"]["encoder.layernorm_embedding.weight"] = torch.ones(16)
+            elif change == "gelu_accurate":
+                bad["cfg"]["model"]["activation_fn"] = "gelu_accurate"
+            else:
+                for side in ("encoder", "decoder"):
+                    bad["model"][f"{side}.embed_positions.weight"] = torch.randn(66, 16)
+        return apply
+
     for change, words in (("layernorm_embedding", "a LayerNorm on the embeddings"),
                           ("gelu_accurate", "the activation 'gelu_accurate'"),
                           ("learned", "the encoder's and the decoder's learned positions differ")):
-        bad = {**ckpt, "model": dict(ckpt["model"]), "cfg": {**ckpt["cfg"], "model": vars(ckpt["cfg"]["model"]).copy()}}
-        if change == "layernorm_embedding":
-            bad["model"]["encoder.layernorm_embedding.weight"] = torch.ones(16)
-        elif change == "gelu_accurate":
-            bad["cfg"]["model"]["activation_fn"] = "gelu_accurate"
-        else:
-            for side in ("encoder", "decoder"):
-                bad["model"][f"{side}.embed_positions.weight"] = torch.randn(66, 16)
-        path = tmp_path / change / "model.pt"
-        path.parent.mkdir()
-        torch.save(bad, path)
-        for name in ("dict.src.txt", "dict.tgt.txt", "spm.model"):
-            (path.parent / name).write_bytes((folder / name).read_bytes())
         with pytest.raises(CheckpointError) as e:
-            imported(path.parent, tmp_path / change)
+            imported(rewritten(folder, tmp_path / change, make(change)), tmp_path / change)
         assert words in str(e.value) and "\n" not in str(e.value)
 
 

@@ -25,6 +25,11 @@ scaled by sqrt(D); queries scaled by 1/sqrt(head dim)); four things are laid out
   `cfg.model`), sizes from the tensors' shapes; what attnkit's Transformer cannot express (a LayerNorm on the
   embeddings, different encoder and decoder widths or position tables, adaptive softmax, cross-self-attention,
   the tanh GELU) is refused in one line naming it.
+- LayerNorm placement: each stack's from encoder_normalize_before / decoder_normalize_before, or, in a checkpoint
+  stripped of them, from the final LayerNorm the stack's weights hold or lack (fairseq builds one for a pre-LN
+  stack alone). attnkit's Transformer has one placement for both stacks, each pre-LN one ending with a LayerNorm,
+  so stacks placed differently, and a pre-LN decoder without its final LayerNorm (no_decoder_final_norm), are
+  refused in one line naming the setting, as are settings contradicting the weights (`_norm_first`).
 
 A fairseq checkpoint pickles argparse.Namespace and fairseq's own classes beside its tensors, so it is read only when
 trusted (`--trust-checkpoint`), and then with every class it names inert (`inert_pickle.torch_load`): nothing runs,
@@ -162,6 +167,45 @@ def _positions(w: Weights, rows: int, d_model: int) -> torch.Tensor:
     return enc[PAD + 1: PAD + 1 + rows]
 
 
+def _placements(w: Weights, s: dict, path: Path) -> dict[str, tuple[bool, str]]:
+    """Each stack's LayerNorm placement as trained, {encoder|decoder: (pre-LN?, where it was read, in words)}: the
+    setting `{side}_normalize_before`, else (a checkpoint stripped of it) whether the stack ends with a LayerNorm,
+    `{side}.layer_norm.*`, which fairseq builds for a pre-LN stack alone. Both sides are read the same way, so a
+    mixed stack is seen as one whichever way it was saved (test_a_stripped_mixed_placement_is_refused_by_its_weights,
+    test_a_stripped_uniform_placement_scores_as_fairseq)."""
+    out = {}
+    for side in ("encoder", "decoder"):
+        name = f"{side}_normalize_before"
+        if s.get(name) is not None:
+            pre = arg(s, name, bool, False, path)
+            out[side] = (pre, f"{name}={pre}")
+        else:
+            pre = w.has(f"{side}.layer_norm.weight")
+            out[side] = (pre, f"the {side} {'ends with' if pre else 'lacks'} a final LayerNorm ({side}.layer_norm: "
+                              f"{'pre' if pre else 'post'}-LN)")
+    return out
+
+
+def _norm_first(w: Weights, s: dict, path: Path) -> bool:
+    """attnkit's `norm_first`: one placement for both stacks, each pre-LN stack ending with a LayerNorm
+    (attnkit.models.transformer). So a checkpoint whose stacks differ, or whose pre-LN decoder has no final LayerNorm
+    (no_decoder_final_norm), is refused in one line naming the setting rather than imported as another network; and
+    settings that contradict the final LayerNorms the weights hold are refused too
+    (test_a_mixed_placement_is_refused_in_one_line, test_settings_that_contradict_the_weights_are_refused)."""
+    (enc, enc_words), (dec, dec_words) = _placements(w, s, path).values()
+    if enc != dec:
+        raise CheckpointError(f"{path}: {enc_words} but {dec_words}; attnkit's Transformer uses one placement for "
+                              "both stacks")
+    if dec and arg(s, "no_decoder_final_norm", bool, False, path):
+        raise CheckpointError(f"{path}: a pre-LN decoder without its final LayerNorm (no_decoder_final_norm=True); "
+                              "attnkit's pre-LN Transformer ends each stack with one")
+    held = [f"{side}.layer_norm.weight" for side in ("encoder", "decoder") if w.has(f"{side}.layer_norm.weight")]
+    if held and not enc:
+        raise CheckpointError(f"{path}: post-LN by its settings ({enc_words}, {dec_words}), yet it holds {held[0]}, "
+                              "a pre-LN stack's final LayerNorm; its settings and weights disagree")
+    return enc
+
+
 def _model_config(w: Weights, s: dict, sides: dict[str, Side], share: bool, scaled: bool, output: torch.Tensor,
                   path: Path) -> TransformerConfig:
     d_model = tuple(w.tensors["encoder.embed_tokens.weight"].shape)[1]
@@ -180,7 +224,7 @@ def _model_config(w: Weights, s: dict, sides: dict[str, Side], share: bool, scal
         attention_dropout=arg(s, "attention_dropout", float, 0.0, path),
         activation_dropout=arg(s, "activation_dropout", float, arg(s, "relu_dropout", float, 0.0, path), path),
         activation=ACTIVATIONS[s.get("activation_fn") or "relu"],
-        norm_first=w.has("encoder.layer_norm.weight"), share_embeddings=share, tie_output=scaled and not untied,
+        norm_first=_norm_first(w, s, path), share_embeddings=share, tie_output=scaled and not untied,
         output_bias=True, max_positions=p, layer_norm_eps=LAYER_NORM_EPS, positions=positions)
 
 
