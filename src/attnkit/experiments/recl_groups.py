@@ -17,7 +17,8 @@
 Models are trained as `attnkit experiment xl-table6` trains them (the same segment, `updates` updates each; an OUT
 shared with it trains each once). OUT/recl.{md,csv,json}: RECL per group, model and r, and how much longer the
 group's first model's (the XL's) is; OUT/recl.png: every model's relative gain g(c, c + Delta) against c, one panel
-per group and r (the paper's figure 3), the threshold drawn. Per-token losses are kept in OUT/<model>/eval/.
+per group and r (like the paper's figure 3, which draws the unnormalised gain), the threshold drawn. Per-token
+losses are kept in OUT/<model>/eval/.
 
 A member may also be a checkpoint, LABEL=PATH (an imported Transformer-XL, say: `attnkit import --from
 transformer-xl`, its text prepared with `attnkit lm prepare --vocab-from PATH`): scored as it is, never trained. A

@@ -1,5 +1,6 @@
 """`attnkit experiment xl-table6`: Transformer-XL's ablation as the paper's table 6 measures it (Dai et al. 2019,
-section 4.3; table 10 for the equal-attention row): every model trains on the same segment (backprop length) for
+section 4.2; beside it a no-recurrence row at twice XL's backprop length, equal attention length, where the paper's
+table 10 compares at equal memory): every model trains on the same segment (backprop length) for
 the same number of updates, Transformer-XL's memory is context on top of it, and each is scored as the reference's
 eval.py scores it, at the attention length it trained with and at the best one.
 
