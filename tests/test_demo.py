@@ -36,7 +36,8 @@ def updates(run_dir) -> list[tuple[str, str]]:
 
 def test_the_demo_preset_budgets_updates_not_minutes():
     t = resolve(["demo"]).train
-    assert t.max_minutes == 0 and t.max_epochs == 10 and budget(t) == "10 epochs"
+    assert t.max_minutes == 0 and t.max_epochs == 10 and budget(t) == "10 epochs, at most 1,310 updates"
+    assert t.cooldown > 0 and t.max_steps == 1310  # the rate falls to 0 at the last update: every run ends settled
 
 
 def test_a_slower_cpu_trains_the_demo_to_the_same_model(tmp_path, monkeypatch):
