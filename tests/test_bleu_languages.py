@@ -101,16 +101,72 @@ def test_evaluate_on_plain_files_says_which_tokenizer_it_used(tmp_path, capsys):
     assert main(base) == 0
     out = capsys.readouterr().out
     expected = BLEU(tokenize="zh").corpus_score(HYPS, [REFS]).score
-    assert f"BLEU {expected:.2f} (cased)" in out and "exact match 50.0%" in out
+    guessed = "zh (no target language recorded, 100% of the references in Han script: Chinese (a guess: Japanese " \
+              "written only in kanji looks the same; name the target language to be sure))"
+    assert out.splitlines()[0] == (f"BLEU {expected:.2f} (cased) / {expected:.2f} (lowercased), tok:{guessed}, "
+                                   "chrF2 66.69, exact match 50.0%")
     assert "tok:zh" in out and "chrF signature: nrefs:1|case:mixed|eff:yes|nc:6" in out
-    assert "tokenizer:      zh (no target language recorded, the references are 100% CJK characters: Chinese)" in out
+    assert f"tokenizer:      {guessed}" in out
     assert main([*base, "--tokenize", "13a"]) == 0
     out = capsys.readouterr().out
     assert "BLEU 0.00 (cased)" in out and "tok:13a" in out and "chosen with --tokenize" in out
     assert main([*base, "--tgt-lang", "zh"]) == 0
-    assert "zh (target language zh)" in capsys.readouterr().out
+    assert "(lowercased), tok:zh (target language zh), chrF2" in capsys.readouterr().out
     assert main([*base, "--tokenize", "nope"]) == 2
     assert "unknown BLEU tokenizer 'nope'" in capsys.readouterr().err
+
+
+ENGLISH = ["I am busy.", "Where is Tom?", "It is raining today.", "He went to Shanghai.", "I like apples.",
+           "See you tomorrow."]
+
+
+def test_mixed_scripts_and_a_mecab_fallback_are_said(tmp_path, capsys):
+    """One tokeniser scores the corpus, chosen by most references: with --tgt-lang en and 40% Chinese references
+    13a is kept, but the score line says why and one warning line says that 40% are in Han script (13a reads each
+    as one word), pointing at --tokenize zh; below MIXED_SHARE nothing is said. A Japanese or Korean target
+    without MeCab falls back to char / 13a saying so in one line."""
+    refs = ENGLISH + REFS * 2  # 6 English, 4 Chinese
+    with pytest.warns(UserWarning) as said:
+        choice = bleu_tokenizer(refs, lang="en")
+    assert (choice.name, choice.reason) == ("13a", "target language en, 60% of the references in other scripts "
+                                                   "than CJK")
+    assert [str(w.message) for w in said] == list(choice.warnings) and len(choice.warnings) == 1
+    assert "of the references 40% in Han script, which 13a misreads" in choice.warnings[0]
+    assert "--tokenize zh" in choice.warnings[0]
+    assert bleu_tokenizer(ENGLISH * 2 + REFS[:1], lang="en").warnings == ()  # 1 in 13: under 10%
+    assert bleu_tokenizer(REFS + ENGLISH[:1], lang="zh").warnings == ()  # zh reads Latin text as 13a does
+
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    for path in (hyp, ref):
+        path.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tgt-lang", "en"]) == 0
+    out, err = capsys.readouterr()
+    assert "(lowercased), tok:13a (target language en, 60% of the references in other scripts than CJK), chrF2" in out
+    assert err == f"attnkit: warning: {choice.warnings[0]}\n"
+
+    japanese = ["私は学生です。", "東京に行きました。"]
+    if not tokenizer_available("ja-mecab"):
+        with pytest.warns(UserWarning, match=r"^BLEU tokenised char for Japanese, not ja-mecab: sacreBLEU's "
+                                             r"ja-mecab needs MeCab \(pip install sacrebleu\[ja\]\)"):
+            assert bleu_tokenizer(japanese, lang="ja").name == "char"
+    if not tokenizer_available("ko-mecab"):
+        with pytest.warns(UserWarning, match=r"^BLEU tokenised 13a for Korean, not ko-mecab"):
+            assert bleu_tokenizer(["저는 학생입니다."], lang="ko").name == "13a"
+
+
+def test_kanji_only_text_is_chinese_only_as_a_guess(recwarn):
+    """Japanese written only in kanji cannot be told from Chinese by its script: with the language given it is
+    Japanese (and its kanji-only references no mixed script); guessed, the reason says it is a guess. Each
+    reference counts by its own script, so kana in a few Japanese lines are not outvoted by one long line."""
+    kanji = ["東京大学", "日本国憲法", "大阪城公園"]
+    guessed = bleu_tokenizer(kanji)
+    assert guessed.name == "zh" and "100% of the references in Han script: Chinese (a guess" in guessed.reason
+    told = bleu_tokenizer([*kanji, "私は学生です。"], lang="ja")
+    assert told.name == MECAB["ja"] and told.reason.startswith("target language ja")
+    assert not [w for w in told.warnings if "of the references" in w]  # kanji-only lines read alike under ja
+    mixed = bleu_tokenizer(["私は学生です。", "東京に行きました。", "これは本です。", "日本国憲法前文" * 20])
+    assert mixed.name == MECAB["ja"] and "75% of the references in kana (Japanese): Japanese" in mixed.reason
+    assert "a guess" not in mixed.reason
 
 
 # --- the languages recorded: prepare -> prepare.json -> checkpoint -> every scorer ------------------------------
@@ -220,3 +276,22 @@ def test_prepare_without_languages_records_none(tmp_path, en_zh):
     prepare(tmp_path / "d", en_zh["train"], vocab_size=60)
     assert data_languages(tmp_path / "d") == {"src": None, "tgt": None}
     assert data_languages(tmp_path / "nowhere") == {"src": None, "tgt": None}  # no prepare.json at all
+
+
+def test_by_length_counts_chinese_and_japanese_by_character(en_zh_run, tmp_path, one_thread):
+    """--unit words on Chinese sources: `split` makes every sentence one word (one bucket); each Han or kana
+    character counts as a word, each Latin word or number between them too, punctuation not."""
+    from attnkit.experiments.by_length import bleu_by_length
+
+    data, run, _ = en_zh_run
+    sources = read_lines(data / "test.tgt.txt")  # Chinese numerals as sources: the lengths are what is tested
+    results = bleu_by_length({"m": run / "checkpoints" / "best.safetensors"}, sources, sources, tmp_path / "by",
+                             n_buckets=3, say=lambda line: None)
+    buckets = [b["bucket"] for b in results["m"]]
+    lengths = [len(s) for s in sources]  # the numerals: Han characters only
+    assert len(buckets) == 3 and buckets[0][0] == min(lengths) and buckets[-1][1] == max(lengths) > 1
+    assert sum(b["sentences"] for b in results["m"]) == len(sources)
+    from attnkit.experiments.by_length import source_words
+
+    assert [source_words(s) for s in ("我很忙。", "我叫Tom，住在New York。", "私は学生です。", "3 个苹果",
+                                      "Hello, world!", "저는 학생입니다.")] == [3, 7, 6, 4, 2, 2]

@@ -30,12 +30,18 @@ def write_pair(folder: Path, name: str, zh: list[str], en: list[str]) -> Path:
     return folder / name
 
 
-def prepared(tmp_path: Path, normalization: str | None) -> Path:
-    prefix = write_pair(tmp_path / "text", "train", WRITTEN * 20, ENGLISH * 20)
-    out = tmp_path / f"data-{normalization}"
+def prepared(tmp_path: Path, normalization: str | None, languages: tuple[str, str] = ("zh", "en")) -> Path:
+    """`attnkit prepare` of WRITTEN / ENGLISH, the Chinese side under the suffix languages[0], the English under
+    languages[1]."""
+    src, tgt = languages
+    folder = tmp_path / f"text-{src}-{tgt}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"train.{src}").write_text("\n".join(WRITTEN * 20) + "\n", encoding="utf-8")
+    (folder / f"train.{tgt}").write_text("\n".join(ENGLISH * 20) + "\n", encoding="utf-8")
+    out = tmp_path / f"data-{normalization}-{src}-{tgt}"
     extra = ["--normalization", normalization] if normalization else []
-    assert main(["prepare", "--src", "zh", "--tgt", "en", "--train", str(prefix), "--valid", str(prefix),
-                 "--vocab-size", "90", "--out", str(out), *extra]) == 0
+    assert main(["prepare", "--src", src, "--tgt", tgt, "--train", str(folder / "train"), "--valid",
+                 str(folder / "train"), "--vocab-size", "90", "--out", str(out), *extra]) == 0
     return out
 
 
@@ -43,10 +49,11 @@ def round_trip(tok: SubwordTokenizer, texts: list[str]) -> list[str]:
     return tok.decode(tok.encode(texts))
 
 
-def test_identity_gives_chinese_back_as_written_and_the_default_rewrites_it(tmp_path):
-    """decode(encode(s)) == s under identity, for every string; under the default (nmt_nfkc) the fullwidth
-    punctuation, digits and letters, superscripts and halfwidth katakana come back as NFKC makes them."""
-    identity, default = prepared(tmp_path, "identity"), prepared(tmp_path, None)
+def test_identity_gives_chinese_back_as_written_and_nfkc_rewrites_it(tmp_path):
+    """decode(encode(s)) == s under identity, for every string; under nmt_nfkc (the default of other languages)
+    the fullwidth punctuation, digits and letters, superscripts and halfwidth katakana come back as NFKC makes
+    them."""
+    identity, default = prepared(tmp_path, "identity"), prepared(tmp_path, DEFAULT_NORMALIZATION)
     tok, _ = load_tokenizers(identity)
     assert round_trip(tok, WRITTEN) == WRITTEN
     tok, _ = load_tokenizers(default)
@@ -56,6 +63,30 @@ def test_identity_gives_chinese_back_as_written_and_the_default_rewrites_it(tmp_
     assert json.loads((default / "prepare.json").read_text())["settings"]["normalization"] == DEFAULT_NORMALIZATION
     # the references prepare writes beside the encoded splits stay as read, whatever the tokenizer does
     assert (identity / "valid.src.txt").read_text(encoding="utf-8").splitlines()[:8] == WRITTEN
+
+
+@pytest.mark.parametrize(("languages", "expected", "why"), [
+    (("zh", "en"), "identity", "the source language zh is Chinese"),
+    (("ja", "en"), "identity", "the source language ja is Japanese"),
+    (("de", "zh-Hans"), "identity", "the target language zh-Hans is Chinese"),
+    (("de", "en"), DEFAULT_NORMALIZATION, "the default for languages other than Chinese and Japanese"),
+    (("ko", "en"), DEFAULT_NORMALIZATION, "the default for languages other than Chinese and Japanese"),
+])
+def test_the_languages_choose_the_default_normalization(tmp_path, capsys, languages, expected, why):
+    """Without --normalization a Chinese or Japanese side keeps the text as written (NFKC would rewrite the
+    fullwidth ，？！ its references hold), other languages get sentencepiece's nmt_nfkc; the rule and its reason are in
+    prepare.json and on the report's first line, and an explicit --normalization wins."""
+    capsys.readouterr()
+    out = prepared(tmp_path, None, languages)
+    settings = json.loads((out / "prepare.json").read_text())["settings"]
+    assert (settings["normalization"], settings["normalization_reason"].split(":")[0]) == (expected, why)
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"tokenizer normalization: {expected} ({why}")
+    tok, _ = load_tokenizers(out)
+    assert (round_trip(tok, WRITTEN[:1]) == WRITTEN[:1]) == (expected == "identity")
+    told = prepared(tmp_path, "nfkc", languages)
+    settings = json.loads((told / "prepare.json").read_text())["settings"]
+    assert (settings["normalization"], settings["normalization_reason"]) == ("nfkc", "chosen with --normalization")
+    assert "tokenizer normalization: nfkc (chosen with --normalization)" in capsys.readouterr().out
 
 
 def test_the_choice_lives_in_the_tokenizer_itself(tmp_path):
@@ -99,7 +130,7 @@ def test_the_docs_table_is_what_prepare_does(tmp_path):
 def test_the_command_line_offers_every_rule_and_refuses_others(tmp_path, capsys):
     parser, _ = build_parser()
     args = parser.parse_args(["prepare", "--src", "zh", "--tgt", "en", "--train", "x", "--out", "y"])
-    assert args.normalization == DEFAULT_NORMALIZATION and args.character_coverage == 1.0
+    assert args.normalization is None and args.character_coverage == 1.0  # None: the languages choose
     prepare_parser = next(a for a in parser._subparsers._group_actions[0].choices.values()
                           if a.prog.endswith(" prepare"))
     choices = next(a.choices for a in prepare_parser._actions if a.dest == "normalization")

@@ -218,6 +218,71 @@ def test_prepare_with_force_replaces_outputs(corpus, tmp_path):
     assert src_tok is not tgt_tok
 
 
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
+
+
+def test_prepare_force_swaps_the_folder_in_whole_and_leaves_nothing_beside(corpus, tmp_path):
+    """The new folder is built beside and renamed into place: afterwards only the data folder is there, holding
+    the new outputs alone."""
+    out, p = tmp_path / "data", corpus["paths"]
+    prepare(out, p["train"], p["valid"], p["test"], vocab_size=100)
+    prepare(out, p["train"], vocab_size=100, joint=False, force=True)
+    assert [f.name for f in tmp_path.iterdir()] == ["data"]
+    assert set(_contents(out)) == {"src.model", "tgt.model", "prepare.json", "train.safetensors", "train.src.txt",
+                                   "train.tgt.txt"}
+
+
+def test_prepare_force_refuses_a_folder_holding_other_files(corpus, tmp_path):
+    """--force replaces the folder whole, so a file prepare did not write there would be lost with it: refused in
+    one line naming it, the folder as it was."""
+    out, p = tmp_path / "data", corpus["paths"]
+    prepare(out, p["train"], vocab_size=100)
+    (out / "notes.txt").write_text("mine\n", encoding="utf-8")
+    before = _contents(out)
+    with pytest.raises(DataError, match=r"^data folder '.*data' holds files prepare did not write \(notes\.txt\); "
+                                        r"--force would replace the folder whole"):
+        prepare(out, p["train"], vocab_size=100, force=True)
+    assert _contents(out) == before
+
+
+def test_lm_prepare_refuses_conflicting_requests_in_one_line(tmp_path, capsys, monkeypatch):
+    """`lm prepare` refuses what it would otherwise ignore: --valid with --valid-fraction (two validation texts),
+    --level other than the level of --vocab-from's vocabulary, and an --out that is a file (with --force too,
+    which used to end in a FileExistsError traceback); the level of --vocab-from alone, or given alike, is fine."""
+    import attnkit.checkpoint
+    from attnkit.cli.main import main
+    from attnkit.data.lm import LMVocab, load_lm_corpus
+
+    text = _write(tmp_path / "text.txt", "the cat sat\nthe dog ran\n" * 20)
+    existing = _write(tmp_path / "existing", "a file\n")
+
+    def refused(*argv: str) -> str:
+        capsys.readouterr()
+        assert main(["lm", "prepare", *argv]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1, err
+        return err
+
+    assert refused("--train", str(text), "--out", str(existing), "--force") == \
+        f"attnkit: error: output folder '{existing}' is a file, not a folder\n"
+    assert existing.read_text() == "a file\n"
+    err = refused("--train", str(text), "--valid", str(text), "--valid-fraction", "0.1", "--out", str(tmp_path / "a"))
+    assert err == (f"attnkit: error: --valid {text} and --valid-fraction 0.1 both give the validation text: "
+                   "give one\n")
+    vocab = LMVocab.build(["the cat sat"], "word")
+    monkeypatch.setattr(attnkit.checkpoint, "lm_vocab_of", lambda path: vocab)  # a model's vocabulary, word-level
+    err = refused("--vocab-from", "model.safetensors", "--valid", str(text), "--level", "char", "--out",
+                  str(tmp_path / "b"))
+    assert err == ("attnkit: error: --level char, but the vocabulary given (--vocab-from) is word-level and decides "
+                   "the level: drop --level\n")
+    assert not any((tmp_path / name).exists() for name in ("a", "b"))
+    for extra, name in (([], "c"), (["--level", "word"], "d")):
+        assert main(["lm", "prepare", "--vocab-from", "m", "--valid", str(text), *extra, "--out",
+                     str(tmp_path / name)]) == 0
+        assert load_lm_corpus(tmp_path / name).vocab.level == "word"
+
+
 def test_tokenizer_round_trip_and_special_ids(prepared, corpus):
     src_tok, tgt_tok = load_tokenizers(prepared[0])
     assert src_tok is tgt_tok

@@ -678,3 +678,30 @@ def test_the_page_renders_in_a_browser(tmp_path, checkpoint, case):
         assert page.js("return document.body.dataset.state") == "ready"
     finally:
         driver.quit()
+
+
+# --- an interrupted `prepare --force` -----------------------------------------------------------------------------
+def test_an_interrupted_prepare_force_leaves_the_old_folder_untouched(capsys, tmp_path, monkeypatch):
+    """Ctrl-C half-way through `prepare --force` (the new training split and tokenizer written, the dev split
+    being saved): the folder prepared before is byte for byte as it was, and nothing of the new one is left beside
+    it. A rerun without the interruption then replaces it."""
+    import attnkit.data.dataset as dataset
+
+    files = write_number_corpus(tmp_path / "text", n_train=300, n_valid=20, n_test=20)
+    prefix = {name: str(paths[0].with_suffix("")) for name, paths in files.items()}
+    out = tmp_path / "data"
+    argv = ["prepare", "--src", "de", "--tgt", "en", "--train", prefix["train"], "--valid", prefix["valid"],
+            "--test", prefix["test"], "--out", out, "--force"]
+    assert run(capsys, *argv, "--vocab-size", "60")[0] == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def interrupted(self, path):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dataset.EncodedSplit, "save", interrupted)
+        assert run(capsys, *argv, "--vocab-size", "80", "--separate-vocab") == (130, "", "attnkit: interrupted\n")
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["data", "text"]
+    assert run(capsys, *argv, "--vocab-size", "80", "--separate-vocab")[0] == 0
+    assert {f.name for f in out.iterdir()} == set(before) - {"tokenizer.model"} | {"src.model", "tgt.model"}

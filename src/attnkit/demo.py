@@ -68,7 +68,7 @@ def run_demo(out_dir: str | Path, *, lang: str = "de", overrides: list[str] = ()
     say("4/4 translating the test set")
     translator = Translator.from_checkpoint(trainer.best_path, device=cfg.train.device)
     sources, refs = read_lines(files["test"][0]), read_lines(files["test"][1])
-    hyps, scores = translate_and_score(translator, sources, refs)
+    hyps, scores = translate_and_score(translator, sources, refs, lang="en")  # the references are English
     texts = [h.text for h in hyps]
     atomic_write_text(out / "test.hyp", "\n".join(texts) + "\n")
     samples = readme_examples(translator, sources, texts, lang)

@@ -45,9 +45,10 @@ def add_parsers(sub) -> dict[str, Callable]:
     p.add_argument("--valid", help="validation text")
     p.add_argument("--test", help="test text")
     p.add_argument("--valid-fraction", type=float, default=0.0,
-                   help="without --valid: hold out this final fraction of the training text (e.g. 0.1)")
-    p.add_argument("--level", choices=["char", "word", "subword"], default="char",
-                   help="char: every character; word: whitespace tokens + <eos> per line; subword: sentencepiece")
+                   help="instead of --valid: hold out this final fraction of the training text (e.g. 0.1)")
+    p.add_argument("--level", choices=["char", "word", "subword"],
+                   help="char (default): every character; word: whitespace tokens + <eos> per line; subword: "
+                        "sentencepiece; with --vocab-from, the checkpoint's level (another one is refused)")
     p.add_argument("--vocab-size", type=int, default=8000, help="subword level only")
     p.add_argument("--vocab-from", metavar="CHECKPOINT",
                    help="encode with this language model's vocabulary (and level) instead of learning one, so the "

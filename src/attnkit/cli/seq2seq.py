@@ -11,8 +11,9 @@ from attnkit.errors import AttnkitError
 def add_parsers(sub) -> dict[str, Callable]:
     d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo (~7 min on a CPU)",
                        description="Write a German->English corpus of number words (0 to 999,999), learn its "
-                                   "subwords, train the `demo` preset for 10 epochs (1,310 updates: the same model "
-                                   "on any CPU, about 7 minutes on 2 cores), translate the test set, "
+                                   "subwords, train the `demo` preset for 1,310 updates (10 epochs, the learning "
+                                   "rate falling to 0 over the last 40%; as many updates on any CPU, about 8 minutes "
+                                   "on 2 cores), translate the test set, "
                                    "score it and draw the cross-attention of one sentence. --lang zh: the same with "
                                    "Chinese numerals (三百四十五 -> three hundred and forty-five) and the `demo-zh` "
                                    "preset.")
@@ -41,10 +42,10 @@ def add_parsers(sub) -> dict[str, Callable]:
                     help="sentencepiece model type")
     pr.add_argument("--separate-vocab", action="store_true",
                     help="one vocabulary per language (each --vocab-size), for scripts that share almost nothing")
-    pr.add_argument("--normalization", default="nmt_nfkc",
-                    choices=["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"],
-                    help="sentencepiece's normalization rule, kept in the tokenizer: nmt_nfkc (default) turns "
-                         "fullwidth ，？！１２ into ,?!12; identity keeps the text as written")
+    pr.add_argument("--normalization", choices=["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"],
+                    help="sentencepiece's normalization rule, kept in the tokenizer: nmt_nfkc turns fullwidth "
+                         "，？！１２ into ,?!12; identity keeps the text as written (default: identity when --src or "
+                         "--tgt is Chinese or Japanese, else nmt_nfkc)")
     pr.add_argument("--character-coverage", type=float, default=1.0,
                     help="share of the training characters the vocabulary covers, the rarest beyond it UNK "
                          "(1.0 keeps all; sentencepiece suggests 0.9995 for large character sets)")

@@ -32,14 +32,14 @@ import safetensors.numpy
 from attnkit.data.arrays import ArrayWriter, map_arrays
 from attnkit.data.text import chunked, read_lines, read_parallel, stream_lines, write_lines
 from attnkit.data.tokenizer import (
-    DEFAULT_NORMALIZATION,
     MAX_SENTENCE_BYTES,
     SubwordTokenizer,
     TrainingTextError,
+    default_normalization,
     too_long_to_learn,
 )
 from attnkit.errors import ConfigError, DataError
-from attnkit.io import atomic_open, atomic_write_bytes, atomic_write_json, ensure_new_output
+from attnkit.io import atomic_folder, atomic_open, atomic_write_bytes, atomic_write_json, ensure_new_output
 
 SPLIT_NAMES = ("train", "valid", "test")
 _ARRAY_NAMES = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
@@ -135,12 +135,15 @@ class SplitCounts:
 
 @dataclass
 class PrepareReport:
-    """Per-split counts, so a user sees at once if filtering threw away half the corpus."""
+    """Per-split counts, so a user sees at once if filtering threw away half the corpus, and the tokenizer's
+    normalization with the reason it was chosen (a language's default or the caller's)."""
 
     splits: dict[str, SplitCounts] = field(default_factory=dict)
+    normalization: str = ""
 
     def summary(self) -> str:
-        return "\n".join(f"{name}: {counts.summary()}" for name, counts in self.splits.items())
+        lines = [f"tokenizer normalization: {self.normalization}"] if self.normalization else []
+        return "\n".join(lines + [f"{name}: {counts.summary()}" for name, counts in self.splits.items()])
 
     def to_dict(self) -> dict[str, dict[str, int]]:
         return {name: dataclasses.asdict(counts) for name, counts in self.splits.items()}
@@ -195,13 +198,26 @@ def _save_tokenizers(out_dir: Path, src_tok: SubwordTokenizer, tgt_tok: SubwordT
         tgt_tok.save(out_dir / "tgt.model")
 
 
-def _remove_stale(out_dir: Path) -> None:
-    """With --force, drop outputs of an earlier prepare (e.g. src.model after a switch to joint)."""
-    names = ["tokenizer.model", "src.model", "tgt.model", "prepare.json"]
-    names += [f"{split}.safetensors" for split in SPLIT_NAMES]
-    names += [f"{split}.{side}.txt" for split in SPLIT_NAMES for side in ("src", "tgt")]
-    for name in names:
-        (out_dir / name).unlink(missing_ok=True)
+OUTPUT_NAMES = frozenset(
+    ["tokenizer.model", "src.model", "tgt.model", "prepare.json"]
+    + [f"{split}.safetensors" for split in SPLIT_NAMES]
+    + [f"{split}.{side}.txt" for split in SPLIT_NAMES for side in ("src", "tgt")]
+)
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """--force replaces the data folder whole (`atomic_folder`), so a file prepare does not write there (a user's
+    notes, a run folder) would go with it: refused, naming it, rather than lost. Hidden temp files an interrupted
+    write left behind (`.NAME.XXXX.tmp`) are prepare's own. Checked by tests/test_data.py:
+    test_prepare_force_refuses_a_folder_holding_other_files."""
+    if not out_dir.is_dir():
+        return
+    foreign = sorted(p.name for p in out_dir.iterdir()
+                     if p.name not in OUTPUT_NAMES and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise DataError(f"data folder '{out_dir}' holds files prepare did not write ({shown}); --force would replace "
+                        "the folder whole: move them, or choose another --out")
 
 
 def _encode_split(src: list[str], tgt: list[str], src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer) -> EncodedSplit:
@@ -271,13 +287,6 @@ def _check_out_dir(out_dir: Path) -> Path:
     return out_dir
 
 
-def _make_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create data folder '{out_dir}': {e.strerror or e}") from None
-
-
 def prepare(
     out_dir: str | os.PathLike,
     train: PathPair,
@@ -293,58 +302,71 @@ def prepare(
     seed: int = 0,
     src_lang: str | None = None,
     tgt_lang: str | None = None,
-    normalization: str = DEFAULT_NORMALIZATION,
+    normalization: str | None = None,
     character_coverage: float = 1.0,
 ) -> PrepareReport:
     """Train tokenizer(s) on the training text, encode every split and write the data folder.
 
     `src_lang` / `tgt_lang`: the languages' codes (zh, en, ...), recorded in prepare.json and copied by training
     into every checkpoint, so that BLEU is tokenised for the target language (`attnkit.eval.bleu_tokenizer`)
-    without being told again. `normalization` and `character_coverage`: the tokenizer's (`SubwordTokenizer.train`).
+    without being told again. `normalization` and `character_coverage`: the tokenizer's (`SubwordTokenizer.train`);
+    without a `normalization` the languages choose it (`default_normalization`: identity for Chinese or Japanese).
+
+    The folder is built beside `out_dir` and swapped into its place whole when every file is written
+    (`atomic_folder`): an error or an interruption half-way leaves an earlier folder as it was (tests/
+    test_hostile_inputs.py: test_an_interrupted_prepare_force_leaves_the_old_folder_untouched).
     """
     _check_lengths(max_src_len, max_tgt_len)
     out_dir = _check_out_dir(ensure_new_output(out_dir, force, what="data folder"))
+    _check_replaceable(out_dir)
+    rule, why = default_normalization(src_lang, tgt_lang)
+    if normalization:
+        rule, why = normalization, "chosen with --normalization"
     given = {name: paths for name, paths in zip(SPLIT_NAMES, (train, valid, test)) if paths is not None}
     # valid and test (small) are read whole before anything is written: a bad valid file leaves no half-made folder
     texts = {name: read_parallel(*paths) for name, paths in given.items() if name != "train"}
     try:
         src_tok, tgt_tok = _train_tokenizers(
             *map(stream_lines, given["train"]), vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed,
-            normalization=normalization, character_coverage=character_coverage,
+            normalization=rule, character_coverage=character_coverage,
         )
     except TrainingTextError as e:  # a file that cannot be read names itself
         raise DataError(f"{given['train'][0]}, {given['train'][1]}: {e}") from None
     splits = {name: _encode_split(src, tgt, src_tok, tgt_tok) for name, (src, tgt) in texts.items()}
-    _make_dir(out_dir)
-    with _train_files(out_dir) as files:  # the training pairs stream from disk to disk
-        counts = _encode_train(files, _parallel_lines(*given["train"]), src_tok, tgt_tok, max_src_len, max_tgt_len)
+    report = PrepareReport(normalization=f"{rule} ({why})")
+    with atomic_folder(out_dir) as new:
+        with _train_files(new) as files:  # the training pairs stream from disk to disk
+            counts = _encode_train(files, _parallel_lines(*given["train"]), src_tok, tgt_tok, max_src_len,
+                                   max_tgt_len)
         if counts.kept == 0:
             raise DataError(f"{given['train'][0]}, {given['train'][1]}: no training pairs left "
                             f"({counts.summary()}; see --max-src-len / --max-tgt-len)")
-        _remove_stale(out_dir)
-    _save_tokenizers(out_dir, src_tok, tgt_tok)
-    report = PrepareReport(splits={"train": counts})
-    for name, split in splits.items():
-        for side, lines in zip(("src", "tgt"), texts[name]):
-            write_lines(out_dir / f"{name}.{side}.txt", lines)
-        split.save(out_dir / f"{name}.safetensors")
-        report.splits[name] = SplitCounts(kept=len(split))
+        report.splits["train"] = counts
+        _save_tokenizers(new, src_tok, tgt_tok)
+        for name, split in splits.items():
+            for side, lines in zip(("src", "tgt"), texts[name]):
+                write_lines(new / f"{name}.{side}.txt", lines)
+            split.save(new / f"{name}.safetensors")
+            report.splits[name] = SplitCounts(kept=len(split))
+        _write_settings(new, report, src_tok, tgt_tok, vocab_size=vocab_size, joint=joint, model_type=model_type,
+                        normalization=rule, normalization_reason=why, character_coverage=character_coverage,
+                        languages={"src": src_lang, "tgt": tgt_lang}, max_src_len=max_src_len,
+                        max_tgt_len=max_tgt_len, seed=seed,
+                        sources={name: [str(p) for p in paths] for name, paths in given.items()})
+    return report
+
+
+def _write_settings(out_dir: Path, report: PrepareReport, src_tok: SubwordTokenizer, tgt_tok: SubwordTokenizer, *,
+                    vocab_size: int, **settings) -> None:
+    """prepare.json: the settings prepare ran with (the vocabulary sizes it reached beside the one asked for) and
+    the report."""
     settings = {
         "vocab_size_requested": vocab_size,
         "src_vocab_size": src_tok.vocab_size,
         "tgt_vocab_size": tgt_tok.vocab_size,
-        "joint": joint,
-        "model_type": model_type,
-        "normalization": normalization,
-        "character_coverage": character_coverage,
-        "languages": {"src": src_lang, "tgt": tgt_lang},
-        "max_src_len": max_src_len,
-        "max_tgt_len": max_tgt_len,
-        "seed": seed,
-        "sources": {name: [str(p) for p in paths] for name, paths in given.items()},
+        **settings,
     }
     atomic_write_json(out_dir / "prepare.json", {"settings": settings, "report": report.to_dict()})
-    return report
 
 
 def _setting(data_dir: Path, key: str, default, *, since: bool = False):

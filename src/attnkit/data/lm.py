@@ -209,8 +209,24 @@ def _write_stream(out: ArrayWriter, vocab: LMVocab, lines: Iterable[str], name: 
         written += len(ids)
 
 
+def _check_request(out_dir: Path, valid, valid_fraction: float, level: str | None, vocab: LMVocab | None) -> None:
+    """Refuse, in one line, what prepare_lm would otherwise have to ignore: a valid file and a fraction to hold out
+    both giving the validation text, a level other than that of the vocabulary given (it decides the level), and an
+    output that is a file (tests/test_data.py: test_lm_prepare_refuses_conflicting_requests_in_one_line)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"output folder '{out_dir}' is a file, not a folder")
+    if valid_fraction and not 0 < valid_fraction < 1:
+        raise ConfigError(f"valid fraction must be between 0 and 1, got {valid_fraction}")
+    if valid and valid_fraction:
+        raise ConfigError(f"--valid {valid} and --valid-fraction {valid_fraction:g} both give the validation text: "
+                          "give one")
+    if vocab is not None and level is not None and level != vocab.level:
+        raise ConfigError(f"--level {level}, but the vocabulary given (--vocab-from) is {vocab.level}-level and "
+                          "decides the level: drop --level")
+
+
 def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike | None, valid: str | os.PathLike | None = None,
-               test: str | os.PathLike | None = None, *, level: str = "char", vocab_size: int = 8000,
+               test: str | os.PathLike | None = None, *, level: str | None = None, vocab_size: int = 8000,
                valid_fraction: float = 0.0, force: bool = False, vocab: LMVocab | None = None) -> LMCorpus:
     """Read text files (plain or .gz), learn the vocabulary on train (or take `vocab`: a model's, so that its
     checkpoint scores the splits), encode every split given, save; the text streams from disk to disk, a pass to
@@ -219,13 +235,12 @@ def prepare_lm(out_dir: str | os.PathLike, train: str | os.PathLike | None, vali
     Without a valid file, `valid_fraction` > 0 holds out the end of train: the last fraction of its
     characters (char level: the vocabulary is then the whole file's, as nanoGPT's Shakespeare) or of its
     lines (word / subword level, the vocabulary learnt on the rest), e.g. 0.1 for Tiny Shakespeare's 90/10.
+    `level`: char when None; with `vocab`, the vocabulary's level (another one is refused).
     """
-    ensure_new_output(out_dir, force, "output folder")
-    if valid_fraction and not 0 < valid_fraction < 1:
-        raise ConfigError(f"valid fraction must be between 0 and 1, got {valid_fraction}")
+    _check_request(ensure_new_output(out_dir, force, "output folder"), valid, valid_fraction, level, vocab)
     if train is None and vocab is None:
         raise ConfigError("prepare needs the training text to learn a vocabulary from (or a model's vocabulary)")
-    level = vocab.level if vocab is not None else level
+    level = vocab.level if vocab is not None else level or "char"
     for path in (valid, test):
         if path:
             next(stream_lines(path))  # a missing or empty file fails before the long passes over train

@@ -2,8 +2,9 @@
 model (`by_length.csv`, `by_length.md`, `by_length.png`): the fixed-vector encoder-decoder degrades as
 sentences grow, attention does not (Bahdanau et al. 2015, figure 2).
 
-Source length is counted in whitespace-separated words of the raw source, as in the papers, or in
-subword pieces (for compounding languages, or corpora of one-word sentences).
+Source length is counted in words of the raw source, as in the papers: whitespace-separated, but in Chinese and
+Japanese, written without spaces, every Han or kana character (`source_words`); or in subword pieces (for
+compounding languages, or corpora of one-word sentences).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from attnkit.checkpoint import checkpoint_languages
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.errors import AttnkitError
-from attnkit.eval.bleu import TokenizerChoice, bleu_tokenizer, score_corpus
+from attnkit.eval.bleu import UNSPACED, TokenizerChoice, bleu_tokenizer, score_corpus
 from attnkit.experiments.tables import write_table
 from attnkit.viz.figure import finish, subplots
 
@@ -24,6 +25,18 @@ SPLITS = {"dev": "valid", "test": "test"}  # table prefix -> split name in a pre
 
 
 # --- BLEU by source length ----------------------------------------------------------------------
+def source_words(sentence: str) -> int:
+    """The length of `sentence` in words: its whitespace-separated words, but where it holds Han or kana (scripts
+    written without spaces, where `split` would see a sentence as one word) each such character is a word, and so
+    is each run of letters or digits between them (a Latin name, a number), punctuation not. Checked by
+    tests/test_bleu_languages.py: test_by_length_counts_chinese_and_japanese_by_character."""
+    unspaced = len(UNSPACED.findall(sentence))
+    if not unspaced:
+        return len(sentence.split())
+    rest = UNSPACED.sub(" ", sentence).split()
+    return unspaced + sum(any(c.isalnum() for c in word) for word in rest)
+
+
 def length_buckets(lengths: Sequence[int], n_buckets: int = 5, edges: Sequence[int] | None = None
                    ) -> list[tuple[int, int]]:
     """Inclusive (shortest, longest) source-length ranges covering `lengths`.
@@ -79,7 +92,7 @@ def bleu_by_length(checkpoints: dict[str, str | Path], sources: list[str], refs:
                    say: Callable[[str], None] = print) -> dict[str, list[dict]]:
     """Translate `sources` with each checkpoint (label -> path); BLEU per source-length bucket, table + chart.
 
-    unit: "words" (whitespace-separated) or "pieces" (subwords of the first checkpoint's tokenizer). BLEU is
+    unit: "words" (`source_words`) or "pieces" (subwords of the first checkpoint's tokenizer). BLEU is
     tokenised for the target language the first checkpoint records (else the references' script), or `tokenize`.
     """
     if len(sources) != len(refs):
@@ -88,7 +101,7 @@ def bleu_by_length(checkpoints: dict[str, str | Path], sources: list[str], refs:
     if unit == "pieces":
         lengths = [len(ids) for ids in next(iter(translators.values())).src_tok.encode(sources)]
     else:
-        lengths = [len(s.split()) for s in sources]
+        lengths = [source_words(s) for s in sources]
     buckets = length_buckets(lengths, n_buckets, edges)
     lang = checkpoint_languages(next(iter(checkpoints.values()))).get("tgt")
     tokenizer = bleu_tokenizer(refs, lang=lang, tokenize=tokenize)
