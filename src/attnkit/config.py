@@ -266,18 +266,12 @@ def upgrade(data: dict) -> dict:
     return out
 
 
-def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type | None = None) -> Any:
-    """Layer presets (later wins), then overrides, into a validated `cls` (default: the run config
-    class of the model kind they name, RunConfig for seq2seq kinds)."""
-    data: dict = {}
+def resolve(presets: list[str] = (), overrides: list[str] = (), cls: type | None = None, *, base: dict = None) -> Any:
+    """Layer presets (later wins) over `base` (a run's own config dict), then overrides, into a validated `cls`
+    (default: the run config class of the model kind they name, RunConfig for seq2seq kinds)."""
+    data: dict = dict(base or {})
     for p in presets:
         data = deep_merge(data, load_yaml(preset_path(p)))
-    return resolve_dict(data, overrides, cls)
-
-
-def resolve_dict(data: dict, overrides: list[str] = (), cls: type | None = None) -> Any:
-    """A config dict (a preset's layers merged, a run's own config), `overrides` on top, validated as `cls` (default:
-    the run config class of the model kind it names)."""
     data = apply_overrides(upgrade(data), list(overrides))
     if cls is None:
         cls = family(_model_kind(data)).run

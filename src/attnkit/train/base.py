@@ -110,12 +110,11 @@ def run_config(run_dir: str | Path, overrides: list[str] = ()) -> Any:
     for path in (run_dir / "checkpoints" / "last.safetensors", run_dir / "checkpoints" / "prev.safetensors"):
         if path.exists():
             try:
-                return cfgmod.resolve_dict(cfgmod.to_dict(load_checkpoint(path).config), overrides)
+                return cfgmod.resolve([], overrides, base=cfgmod.to_dict(load_checkpoint(path).config))
             except CheckpointError as e:
                 damaged.append(str(e))
     if (run_dir / "config.yaml").is_file():
-        return cfgmod.resolve_dict(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {},
-                                   overrides)
+        return cfgmod.resolve([], overrides, base=yaml.safe_load((run_dir / "config.yaml").read_text("utf-8")))
     if damaged:
         raise CheckpointError(f"no loadable checkpoint in {run_dir / 'checkpoints'} to resume from: "
                               + "; ".join(damaged))
