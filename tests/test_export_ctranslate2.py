@@ -132,15 +132,25 @@ def test_what_the_ctranslate2_engine_cannot_do_is_one_line_error(engines, traine
     assert empty.text == "" and empty.score == pytest.approx(theirs.score([""], [""])[0])
 
 
-def test_int8_export_runs_and_mostly_agrees(engines, trained, tmp_path):
+def test_int8_export_is_ctranslate2s_own_quantization_and_scores_near_float(engines, trained, tmp_path):
+    """The int8 export holds what CTranslate2 itself makes of the float32 one (quantised on load): the same
+    translations and scores; and its scores of the float32 model's translations stay near the float32 ones. Whether
+    the two searches then pick the same words depends on the model's margins, which a model this small lacks (on the
+    number words a third of the beams agreed), so the bound is on the scores: int8 costs a little precision per
+    token, not the ranking of the hypotheses."""
     _, theirs, float_dir = engines
     out = export_checkpoint(trained[0], tmp_path / "int8", "int8")
     assert (out / "model.bin").stat().st_size < 0.6 * (float_dir / "model.bin").stat().st_size
-    sources = trained[1]
-    quantised = CT2Translator.from_dir(out, threads=1).translate(sources, DecodeOptions(beam=2))
-    exact = theirs.translate(sources, DecodeOptions(beam=2))
-    assert sum(q.text == e.text for q, e in zip(quantised, exact)) >= 0.6 * len(sources)
-    assert all(np.isfinite(q.score) and q.score < 0 for q in quantised)
+    sources, options = trained[1], DecodeOptions(beam=2)
+    quantised = CT2Translator.from_dir(out, threads=1)
+    on_load = CT2Translator.from_dir(float_dir, threads=1, compute_type="int8").translate(sources, options)
+    assert [(h.text, h.score) for h in quantised.translate(sources, options)] == [(h.text, h.score) for h in on_load]
+    exact = [h.text for h in theirs.translate(sources, options)]
+    floats, int8s = np.array(theirs.score(sources, exact)), np.array(quantised.score(sources, exact))
+    tokens = np.array([len(ids) + 1 for ids in theirs.tgt_tok.encode(exact)])  # EOS included, as the scores
+    assert np.isfinite(int8s).all() and (int8s < 0).all()
+    assert np.mean(np.abs(int8s - floats) / tokens) < 0.3  # nats per token
+    assert np.corrcoef(floats, int8s)[0, 1] > 0.7
 
 
 VARIANTS = [dict(norm_first=True, activation="gelu"), dict(share_embeddings=False, tie_output=False, tgt_vocab_size=30),

@@ -174,6 +174,11 @@ def shapes_growth(argv: list[str], kept: str | None = None) -> tuple[int, float]
     return int(n), float(grown)
 
 
+# Below this growth under oneDNN's defaults the CPU keeps no heavy kernel per shape, and the bound has nothing to save
+# (the process's own noise is a few MB)
+HEAVY_KERNELS_MB = 32
+
+
 @pytest.fixture(scope="module")
 def default_growth(tmp_path_factory) -> float:
     """MB over the same shapes with oneDNN's own cache of 1,024 kernels (a kept kernel's weight depends on the CPU)."""
@@ -188,6 +193,9 @@ def test_a_training_verb_keeps_memory_flat_under_changing_shapes(tmp_path, verb,
 
     kept, grown = shapes_growth([*verb, "--data", str(tmp_path), "--out", str(tmp_path / "run")])
     assert kept == KERNEL_CACHE[kind]  # the size for what the verb trains
+    if default_growth < HEAVY_KERNELS_MB:  # where bf16 products do not go through kernels oneDNN builds per shape
+        pytest.skip(f"oneDNN's own cache grew {default_growth:.1f} MB over these shapes on this CPU: its kernels "
+                    "weigh too little here for the bound to show")
     # MB over 280 new row counts (3 products each) against oneDNN's defaults, which keep them all: on a 2-core EPYC 32
     # or 64 kept grew 4 MB, the defaults 344 (with (B, T, 512) inputs that grew from step to step the heap's own growth
     # was most of it: 32 kept ~150, 64 ~210-220, the defaults ~390-500, too close to tell apart)
