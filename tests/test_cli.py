@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit.cli.main import main
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, serve_extra
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -190,3 +190,69 @@ def test_average_of_two_checkpoints_is_the_elementwise_mean(capsys, tmp_path, tr
     assert not torch.equal(a["src_embed.weight"], b["src_embed.weight"])
     assert "no such checkpoint" in one_line_error(capsys, "average", epochs[0], tmp_path / "missing.st",
                                                   "--out", tmp_path / "x.st")
+
+
+def test_translate_names_a_folder_given_as_a_file_of_sentences(capsys, tmp_path, trained):
+    _, run_dir = trained
+    ckpt = run_dir / "checkpoints" / "last.safetensors"
+    (tmp_path / "in.txt").write_text("eins\n")
+    assert one_line_error(capsys, "translate", "--checkpoint", ckpt, "--input", tmp_path) == (
+        f"attnkit: error: --input {tmp_path} is a folder, not a file: give a file of sentences, one per line")
+    assert f"--prefix-file {tmp_path} is a folder, not a file" in one_line_error(
+        capsys, "translate", "--checkpoint", ckpt, "--input", tmp_path / "in.txt", "--prefix-file", tmp_path)
+
+
+def tiny_lm_checkpoint(path: Path) -> Path:
+    """A one-layer vanilla LM over three characters, random weights: enough to build its service."""
+    from attnkit import config as cfgmod
+    from attnkit.checkpoint import LM_VOCAB, Checkpoint, save_checkpoint
+    from attnkit.data.lm import LMVocab
+    from attnkit.models import build_model
+
+    vocab = LMVocab("char", ["<unk>", "a", "b", "\n"])
+    model = cfgmod.TransformerXLConfig(kind="vanilla-lm", vocab_size=vocab.vocab_size, d_model=8, n_heads=2, d_ff=16,
+                                       n_layers=1, max_positions=64)
+    cfg = cfgmod.LMRunConfig(model=model)
+    save_checkpoint(path, Checkpoint("vanilla-lm", cfg, build_model("vanilla-lm", model).state_dict(),
+                                     {LM_VOCAB: vocab.to_bytes()}))
+    return path
+
+
+@pytest.fixture
+def no_listening(monkeypatch) -> list:
+    """The servers `attnkit serve` would run, recorded instead of listening."""
+    serve_extra()
+    served = []
+    monkeypatch.setattr("uvicorn.Server.run", lambda server: served.append(server))
+    return served
+
+
+def test_serve_refuses_the_batching_options_for_a_language_model(capsys, tmp_path, no_listening):
+    """A language model's service samples one request at a time: --max-batch-sentences and --batch-wait-ms are
+    refused in one line, not dropped; without them it serves."""
+    lm = tiny_lm_checkpoint(tmp_path / "lm.safetensors")
+    serve = ["serve", "--checkpoint", lm, "--device", "cpu", "--port", "0"]
+    assert one_line_error(capsys, *serve, "--max-batch-sentences", "8") == (
+        f"attnkit: error: --max-batch-sentences batch translation requests; {lm} holds a vanilla-lm language model, "
+        "whose service samples one request at a time (a stream each): leave them out")
+    assert "--max-batch-sentences and --batch-wait-ms batch translation requests" in one_line_error(
+        capsys, *serve, "--batch-wait-ms", "0", "--max-batch-sentences", "2")
+    assert not no_listening
+    assert run(capsys, *serve)[0] == 0
+    (server,) = no_listening
+    assert "/generate" in {route.path for route in server.config.app.routes}
+
+
+def test_serve_batches_a_translation_model_as_told_and_by_default(capsys, monkeypatch, trained, no_listening):
+    """The batching options left out of `serve` for a language model still reach a translation model's batcher,
+    and those not given keep their defaults."""
+    from attnkit.serve import app as app_mod
+
+    _, run_dir = trained
+    batchers, real = [], app_mod.Batcher
+    monkeypatch.setattr(app_mod, "Batcher", lambda *a, **kw: batchers.append(kw) or real(*a, **kw))
+    assert run(capsys, "serve", "--checkpoint", run_dir / "checkpoints" / "last.safetensors", "--device", "cpu",
+               "--max-batch-sentences", "4")[0] == 0
+    (kw,) = batchers
+    assert (kw["max_batch_sentences"], kw["batch_wait_ms"]) == (4, 5.0)
+    assert len(no_listening) == 1

@@ -284,6 +284,23 @@ def test_models_without_a_ctranslate2_equivalent_and_wrong_engines_are_one_line_
         "--sampling")
 
 
+@pytest.mark.parametrize(("kind", "what"), [
+    ("lstm-lm", "an LSTM language model"),
+    ("recurrent-vanilla-lm", "a recurrent vanilla Transformer language model (decoder only, with memory)"),
+    ("vanilla-lm", "a vanilla Transformer language model (decoder only)")], ids=["lstm-lm", "recurrent", "vanilla"])
+def test_a_language_model_is_refused_as_what_it_is_not_for_a_missing_tokenizer(tmp_path, capsys, kind, what):
+    """A language model's checkpoint holds its vocabulary (lm_vocab), not a translation tokenizer: the refusal
+    names its kind and what CTranslate2 export takes."""
+    model = cfgmod.RNNLMConfig() if kind == "lstm-lm" else cfgmod.TransformerXLConfig(kind=kind)
+    lm = tmp_path / f"{kind}.safetensors"
+    save_checkpoint(lm, Checkpoint(kind, cfgmod.LMRunConfig(model=model), {}, {"lm_vocab": b"{}"}))
+    assert main(["export", "--checkpoint", str(lm), "--out", str(tmp_path / "ct2")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"attnkit: error: {lm} holds {what}; CTranslate2 export takes an encoder-decoder Transformer "
+                   "translation model\n")
+    assert not (tmp_path / "ct2").exists()
+
+
 def test_ctranslate2_is_imported_only_when_used(monkeypatch):
     script = ("import contextlib, io, sys\nimport attnkit.export\nfrom attnkit.cli.main import main\n"
               "with contextlib.redirect_stdout(io.StringIO()):\n    main(['export', '--help'])\n"

@@ -26,7 +26,7 @@ from attnkit.train import base
 from attnkit.train import trainer as trainer_mod
 from attnkit.train.base import Interrupted
 from attnkit.train.trainer import Trainer
-from conftest import tiny_run_config
+from conftest import serve_extra, tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -200,6 +200,36 @@ def test_a_trusted_pickle_checkpoint_loads_only_with_the_flag(tmp_path, capsys, 
     capsys.readouterr()
     assert main(["translate", "--checkpoint", legacy, "--input", src, "--device", "cpu", "--trust-checkpoint"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+@pytest.mark.parametrize("verb", ["translate", "average", "serve"])
+def test_a_trusted_pickle_checkpoint_is_read_weights_only_and_its_payload_never_runs(tmp_path, capsys, trained,
+                                                                                     monkeypatch, verb):
+    """--trust-checkpoint lets a torch.save checkpoint in, read by torch's weights-only loader: one with every field
+    right and a payload beside them is refused in one line naming what it asked for, on every verb that takes the
+    flag, and the payload never runs."""
+    from attnkit import config as cfgmod
+
+    _, run_dir = trained
+    good = load_checkpoint(run_dir / "checkpoints" / "last.safetensors")
+    marker, evil = tmp_path / "pwned", tmp_path / "evil.pt"
+    torch.save({"kind": good.kind, "config": cfgmod.to_dict(good.config), "model_state": good.model_state,
+                "tokenizers": good.tokenizers, "train_state": {"step": Payload(marker)}}, evil)
+    src = tmp_path / "in.txt"
+    src.write_text("einundzwanzig\n")
+    argv = {"translate": ["translate", "--checkpoint", evil, "--input", src, "--device", "cpu"],
+            "average": ["average", evil, evil, "--out", tmp_path / "avg.safetensors"],
+            "serve": ["serve", "--checkpoint", evil, "--device", "cpu", "--port", "0"]}[verb]
+    served = []
+    if verb == "serve":
+        serve_extra()
+        monkeypatch.setattr("uvicorn.Server.run", lambda server: served.append(server))  # never listen
+
+    code = main([*argv, "--trust-checkpoint"])
+    assert not marker.exists(), f"the pickle payload executed on {verb}"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "weights-only" in err[0] and "names exec" in err[0], err
+    assert not served and not (tmp_path / "avg.safetensors").exists()
 
 
 def test_a_truncated_last_checkpoint_is_reported_and_training_goes_on_from_the_one_before(tmp_path, data_dir):

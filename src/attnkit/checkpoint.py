@@ -9,7 +9,10 @@ Written to a temp file and renamed, so a kill leaves the previous checkpoint who
 Loading never unpickles: a pickle or `torch.save` file (which can run arbitrary code when loaded) is
 refused with a clear error, unless the user trusts it (`--trust-checkpoint`, the `attnkit.io.trust_pickle`
 context variable); it must then hold a dict with this module's fields (kind, config as a dict,
-model_state, tokenizers).
+model_state, tokenizers). Even trusted, it is read by torch's weights-only loader, which builds tensors and
+plain data and calls nothing else the file names: every field above is such data, so a file that needs more
+(an object of some class, a call) is no attnkit checkpoint and is refused, naming what it asked for, rather than
+run (`attnkit import` reads other programs' pickles, fairseq's, with `attnkit.formats.inert_pickle`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,10 +195,18 @@ def require_trust(path: Path, instead: str) -> None:
 
 
 def _load_trusted_pickle(path: Path) -> Checkpoint:
-    """A pickled checkpoint: refused unless trusted."""
+    """A pickled checkpoint: refused unless trusted, then read weights-only (the module docstring says why; a
+    pickle that would run code is refused and never runs: tests/test_reliability.py)."""
     require_trust(path, "loads safetensors checkpoints")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # what torch's weights-only loader refuses: a class or call the file names
+        raise CheckpointError(f"{path}: a pickle checkpoint must hold tensors and plain data only, and this one "
+                              f"{_needs_more(e)}; attnkit reads it weights-only, even with --trust-checkpoint, "
+                              "and runs nothing it names") from None
+    except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
+        raise CheckpointError(f"{path} could not be unpickled: {e}") from None
+    try:
         config = cfgmod.from_dict(cfgmod.family(obj["kind"]).run, cfgmod.upgrade(obj["config"]))
         return Checkpoint(kind=obj["kind"], config=config, model_state=obj["model_state"],
                           tokenizers=obj["tokenizers"], train_state=obj.get("train_state", {}),
@@ -202,8 +214,18 @@ def _load_trusted_pickle(path: Path) -> Checkpoint:
     except (KeyError, TypeError, cfgmod.ConfigError) as e:
         raise CheckpointError(f"{path}: a trusted pickle checkpoint must be a dict with kind, config, "
                               f"model_state and tokenizers ({type(e).__name__}: {e})") from None
-    except Exception as e:  # noqa: BLE001 - anything unpickling raises is this file's fault
-        raise CheckpointError(f"{path} could not be unpickled: {e}") from None
+
+
+def _needs_more(error: pickle.UnpicklingError) -> str:
+    """What torch's weights-only loader refused, from its message: a global ("Unsupported global: GLOBAL
+    posix.mkdir was not an allowed global ...") or a pickle instruction ("Unsupported operand 149": the framing of
+    `pickle.dump`'s protocol 4 and 5, which torch.save does not write)."""
+    if found := re.search(r"GLOBAL (\S+)", str(error)):
+        return f"names {found[1]}"
+    if found := re.search(r"Unsupported operand (\S+)", str(error)):
+        return f"uses pickle instruction {found[1]}, which torch's weights-only loader does not read (a pickle.dump " \
+               "file? torch.save writes what it reads)"
+    return "holds something else"
 
 
 def load_weights(model: torch.nn.Module, ckpt: Checkpoint, path: str | Path) -> torch.nn.Module:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -36,21 +37,23 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
 def atomic_path(path: str | os.PathLike, *, backup: str | os.PathLike | None = None) -> Iterator[Path]:
     """The name of a temp file beside `path`, for a writer that takes a file name (safetensors' `save_file`
     writes tensors straight from memory); on success it is fsynced and renamed over `path`, with `atomic_open`'s
-    promises: the old file or the new one, never a mix, and a failed write named in an AttnkitError."""
+    promises: the old file or the new one, never a mix, and a failed write named in an AttnkitError.
+
+    The file gets the mode a plain `open` would give it (0666 less the umask), set on what the name holds once
+    the writer is done: mkstemp makes 0600, and a writer that replaces the file (safetensors' `save_file` renames
+    a temp file of its own, also 0600) would undo a mode set before it ran (tests/test_outputs.py)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     except OSError as e:
         raise _write_error(path, e) from None
     try:
-        try:
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
-        finally:
-            os.close(fd)
         yield Path(tmp)
         fd = os.open(tmp, os.O_RDWR)  # what the name holds now (a writer may have replaced the file)
         try:
+            os.fchmod(fd, 0o666 & ~process_umask())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -71,9 +74,35 @@ def _write_error(path: Path, e: OSError) -> AttnkitError:
     return AttnkitError(f"cannot write '{path}': {e.strerror or e}{hint}{kept}")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+_UMASK_LOCK = threading.Lock()
+
+
+def process_umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux's /proc/self/status has an
+    "Umask:" line); elsewhere by `_umask_by_setting` (both checked in tests/test_outputs.py)."""
+    mask = _umask_from_status()
+    return _umask_by_setting() if mask is None else mask
+
+
+def _umask_from_status(status: str | os.PathLike = "/proc/self/status") -> int | None:
+    """The "Umask:" line of a /proc status file (octal), None where there is no such file or line."""
+    try:
+        with open(status, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _umask_by_setting() -> int:
+    """os.umask has no getter: set it and put it back at once. The mask is process-wide, so the lock keeps two
+    threads of attnkit from reading each other's stand-in, and the stand-in is the strictest one (0o077), so a file
+    another thread creates in that instant is at worst private, never open to others."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
     return mask
 
 
@@ -100,7 +129,7 @@ def atomic_folder(out: str | os.PathLike) -> Iterator[Path]:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual permissions
+        tmp.chmod(0o777 & ~process_umask())  # mkdtemp makes 0700; outputs get the usual permissions
     except OSError as e:
         raise _write_error(out, e) from None
     try:

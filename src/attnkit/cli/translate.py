@@ -68,8 +68,12 @@ def add_parsers(sub) -> dict[str, Callable]:
     add_target_tag_option(sv)
     add_device_option(sv)
     add_quantize_option(sv)
-    sv.add_argument("--max-batch-sentences", type=int, default=64, help="sentences translated together")
-    sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
+    # no defaults here: create_app's apply, and a language model's service is told only of those given, to refuse
+    sv.add_argument("--max-batch-sentences", type=int, help="sentences translated together (default: 64; "
+                                                            "translation only: a language model samples one "
+                                                            "request at a time)")
+    sv.add_argument("--batch-wait-ms", type=float, help="how long to gather concurrent requests (default: 5; "
+                                                        "translation only)")
     sv.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; more get 503 + Retry-After")
     sv.add_argument("--request-timeout-s", type=float, default=60.0, help="a request unanswered by then gets 504")
     sv.add_argument("--memory-budget-mb", type=float, help="memory per batch (default: half of what is available)")
@@ -116,26 +120,36 @@ Translate sentences, one per line, with a checkpoint written by `attnkit train` 
 
 def read_input(name: str) -> list[str]:
     """The lines of a file, or of stdin for "-"; either one empty is the same error."""
-    from attnkit.data.text import iter_lines, read_lines
+    from attnkit.data.text import iter_lines
 
     if name != "-":
-        return read_lines(name)
+        return file_lines(name, "--input")
     lines = list(iter_lines(sys.stdin))
     if not lines:  # no bytes at all: a single newline is one (empty) line
         raise DataError("<stdin> is empty")  # as read_lines says of an empty file
     return lines
 
 
+def file_lines(name: str, option: str) -> list[str]:
+    """The lines of the file `option` names; a folder is named as one (the reader would say "no such file", as of
+    a name with nothing behind it): tests/test_cli.py."""
+    from attnkit.data.text import read_lines
+
+    if Path(name).is_dir():
+        raise DataError(f"{option} {name} is a folder, not a file: give a file of sentences, one per line")
+    return read_lines(name)
+
+
 def cmd_translate(args, overrides: list[str]) -> None:
     """Every input is checked (and read) before the model loads, so a mistake costs no waiting."""
-    from attnkit.data.text import iter_lines, read_lines
+    from attnkit.data.text import iter_lines
 
     check_model(args)
     if args.output != "-":
         ensure_new_output(args.output, args.force, "output file")
     if args.alignment_layer < 0:
         raise AttnkitError(f"--alignment-layer counts decoder layers from 1; got {args.alignment_layer}")
-    prefixes = read_lines(args.prefix_file) if args.prefix_file else None
+    prefixes = file_lines(args.prefix_file, "--prefix-file") if args.prefix_file else None
     lines = None
     if not args.interactive:
         if args.input == "-" and sys.stdin.isatty():
@@ -248,9 +262,10 @@ def cmd_serve(args, overrides: list[str]) -> None:
 
     for path in args.checkpoint:
         check_checkpoint(path)
-    serve(args.checkpoint, host=args.host, port=args.port, device=args.device, quantize=args.quantize,
-          max_batch_sentences=args.max_batch_sentences, batch_wait_ms=args.batch_wait_ms, max_queue=args.max_queue,
-          request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,
+    batching = {name: getattr(args, name) for name in ("max_batch_sentences", "batch_wait_ms")
+                if getattr(args, name) is not None}  # only those given (a language model's service refuses them)
+    serve(args.checkpoint, host=args.host, port=args.port, device=args.device, quantize=args.quantize, **batching,
+          max_queue=args.max_queue, request_timeout_s=args.request_timeout_s, memory_budget_mb=args.memory_budget_mb,
           max_request_sentences=args.max_request_sentences, max_chars=args.max_chars, max_beam=args.max_beam,
           max_output_tokens=args.max_output_tokens, max_top_k=args.max_top_k, target_tag=args.target_tag)
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from attnkit import __version__
 from attnkit.checkpoint import load_checkpoint, model_from
-from attnkit.config import BOS_ID, EOS_ID, UNK_ID
+from attnkit.config import BOS_ID, EOS_ID, UNK_ID, family
 from attnkit.data.moses_bpe import MAGIC as MOSES_BPE
 from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError
@@ -44,10 +44,12 @@ from attnkit.nn import FeedForward, MultiHeadAttention, SinusoidalPositions
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")  # weights; default: float32 as trained
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # gelu: F.gelu (erf) is CTranslate2's GELU
 _MAPPED_VARIANTS = {"ConcatHeadsAttention"}  # attention without W^O (`model.output_projection: false`)
-_NOT_EXPORTABLE = {
+_LANGUAGE_MODELS = {  # what each language-model kind is, for the refusal (`_not_exportable`)
     "transformer-xl": "a Transformer-XL language model: its relative attention over a memory of earlier segments "
                       "has no CTranslate2 equivalent",
-    "vanilla-lm": "a language model (decoder only), not an encoder-decoder translation model",
+    "vanilla-lm": "a vanilla Transformer language model (decoder only)",
+    "recurrent-vanilla-lm": "a recurrent vanilla Transformer language model (decoder only, with memory)",
+    "lstm-lm": "an LSTM language model",
 }
 
 
@@ -199,15 +201,25 @@ def _vocabulary(tok: Tokenizer, size: int) -> list[str]:
     return tok.pieces(list(range(tok.vocab_size))) + [f"<attnkit_unused_{i}>" for i in range(tok.vocab_size, size)]
 
 
+def _not_exportable(kind: str) -> str | None:
+    """What a checkpoint of `kind` holds when it is not an encoder-decoder Transformer (None when it is one), decided
+    by its family, so that every language model and RNN kind is named as what it is, not as a checkpoint lacking a
+    translation tokenizer (tests/test_export_ctranslate2.py)."""
+    if kind == "transformer":
+        return None
+    if family(kind).task == "lm":
+        return _LANGUAGE_MODELS.get(kind, f"a '{kind}' language model")
+    return f"an RNN encoder-decoder ('{kind}'): CTranslate2 runs Transformers, and an RNN is not one"
+
+
 def export_checkpoint(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike,
                       quantization: str | None = None, *, force: bool = False) -> Path:
     """Export an attnkit Transformer checkpoint to a CTranslate2 folder with its tokenizer(s) and `attnkit.json`."""
     ckpt = load_checkpoint(checkpoint_path)
-    why = _NOT_EXPORTABLE.get(ckpt.kind) or (
-        f"an RNN encoder-decoder ('{ckpt.kind}'): CTranslate2 runs Transformers, and an RNN is not one"
-        if ckpt.kind.startswith("rnn") else None)
+    why = _not_exportable(ckpt.kind)
     if why:
-        raise CheckpointError(f"{checkpoint_path} holds {why}; only encoder-decoder Transformers export to CTranslate2")
+        raise CheckpointError(f"{checkpoint_path} holds {why}; CTranslate2 export takes an encoder-decoder "
+                              "Transformer translation model")
     if "src" not in ckpt.tokenizers:
         raise CheckpointError(f"{checkpoint_path} holds no tokenizer, and an export needs it")
     model = model_from(ckpt, checkpoint_path).eval()

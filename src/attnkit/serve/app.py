@@ -189,17 +189,16 @@ def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, ap
     if len(paths) > 1:
         raise ConfigError(f"{checkpoint} holds a {kind} language model: serve one at a time (ensembles are of "
                           "translation models)")
+    from attnkit.serve.lm_app import create_lm_app, refuse_batching
+
+    refuse_batching(app_kw, f"{checkpoint} holds a {kind} language model")
     if quantize not in (None, "none"):
         raise ConfigError(f"--quantize {quantize} is for translation models; {checkpoint} holds a {kind} "
                           "language model")
     if target_tag:
         raise ConfigError(f"--target-tag is for multilingual translation models; {checkpoint} holds a {kind} "
                           "language model")
-    from attnkit.serve.lm_app import create_lm_app
-
-    lm_kw = {k: v for k, v in app_kw.items()  # no batches: the batching options are the translator's
-             if k in ("max_queue", "request_timeout_s", "memory_budget_mb") or k in Limits.__dataclass_fields__}
-    return create_lm_app(*load_lm_checkpoint(checkpoint, resolve_device(device)), **lm_kw)
+    return create_lm_app(*load_lm_checkpoint(checkpoint, resolve_device(device)), **app_kw)
 
 
 __all__ = ["ApiError", "create_app", "serve"]

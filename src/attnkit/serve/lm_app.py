@@ -58,10 +58,26 @@ class _Stop(Exception):
         self.why = why
 
 
+# The translation service's batching options (create_app's): sampling runs one request at a time, a stream each
+BATCHING = ("max_batch_sentences", "batch_wait_ms")
+
+
+def refuse_batching(options: dict[str, Any], what: str) -> None:
+    """A one-line ConfigError when `options` give a batching option (None: not given), `what` naming the model, so
+    that `attnkit serve --max-batch-sentences` on a language model says it cannot batch rather than being ignored
+    (tests/test_cli.py)."""
+    given = [f"--{name.replace('_', '-')}" for name in BATCHING if options.get(name) is not None]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} batch translation requests; {what}, whose service samples one "
+                          "request at a time (a stream each): leave them out")
+
+
 def create_lm_app(model: Any, vocab: Any, cfg: LMRunConfig, *, max_queue: int = 256, request_timeout_s: float = 60.0,
                   memory_budget_mb: float | None = None, **limits: Any) -> FastAPI:
     """A FastAPI app serving a language model (`limits`: the fields of `Limits`); the memory budget defaults to half
-    the memory available at start."""
+    the memory available at start. The translation service's batching options are refused (`refuse_batching`)."""
+    refuse_batching(limits, f"a {model.kind} is a language model")
+    limits = {name: value for name, value in limits.items() if name not in BATCHING}  # None: not given
     caps = Limits(**limits)
     if max_queue < 1 or request_timeout_s <= 0:
         raise ConfigError("serve: --max-queue must be at least 1, --request-timeout-s above 0")
@@ -225,4 +241,4 @@ class _Sampling:
             self.gone.set()  # the client went away (or the stream ended): the next token stops the sampling
 
 
-__all__ = ["check_lm_memory", "create_lm_app", "lm_read_bytes"]
+__all__ = ["BATCHING", "check_lm_memory", "create_lm_app", "lm_read_bytes", "refuse_batching"]
