@@ -20,7 +20,7 @@ def blocks(kind: str) -> list[str]:
 
 
 def test_the_readme_is_a_short_front_door():
-    assert len(README.read_text(encoding="utf-8").splitlines()) < 290
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 300
 
 
 def test_the_readme_examples_are_the_ones_the_demo_translates_and_checks():
