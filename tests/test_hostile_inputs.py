@@ -705,3 +705,60 @@ def test_an_interrupted_prepare_force_leaves_the_old_folder_untouched(capsys, tm
     assert sorted(f.name for f in tmp_path.iterdir()) == ["data", "text"]
     assert run(capsys, *argv, "--vocab-size", "80", "--separate-vocab")[0] == 0
     assert {f.name for f in out.iterdir()} == set(before) - {"tokenizer.model"} | {"src.model", "tgt.model"}
+
+
+# --- hostile resumes: another recipe, another tokenizer, other training data ----------------------------------------
+RESUME_TINY = ["--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32", "--model.n_encoder_layers=1",
+               "--model.n_decoder_layers=1", "--train.device=cpu", "--train.max_tokens=300"]
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def prepare_numbers(capsys, text: Path, data: Path, *more: object, shout: bool = False) -> None:
+    """The number corpus prepared into `data`; `shout`: the German in capitals (other pieces, the same size)."""
+    files = write_number_corpus(text, n_train=300, n_valid=20, n_test=20)
+    if shout:
+        for de, _ in files.values():
+            de.write_text(de.read_text(encoding="utf-8").upper(), encoding="utf-8")
+    code, _, err = run(capsys, "prepare", "--src", "de", "--tgt", "en", "--train", files["train"][0].with_suffix(""),
+                       "--valid", files["valid"][0].with_suffix(""), "--vocab-size", "90", "--out", data, *more)
+    assert code == 0, err
+
+
+HOSTILE_RESUMES = {  # name -> (what is done to the data folder, the resume's extra arguments, what the refusal says)
+    "another preset": (None, ["--config", "transformer-small", *RESUME_TINY[:5]], "--change-recipe"),
+    "another batch": (None, ["--train.max_tokens=600"], "train.max_tokens 300 -> 600"),
+    "another tokenizer": (dict(shout=True), [], "other tokenizers"),
+    "other training pairs": ("halve", [], "other data"),  # the same tokenizer, half the training pairs
+}
+
+
+def halve_the_training_split(data: Path) -> None:
+    from attnkit.data import EncodedSplit, load_split
+
+    split = load_split(data, "train")
+    half = [split.pair(i) for i in range(len(split) // 2)]
+    EncodedSplit.from_pairs([s.tolist() for s, _ in half], [t.tolist() for _, t in half]).save(
+        data / "train.safetensors")
+
+
+@pytest.mark.parametrize("case", HOSTILE_RESUMES, ids=list(HOSTILE_RESUMES))
+def test_a_hostile_resume_is_refused_in_one_line_and_leaves_the_run_as_it_was(capsys, tmp_path, case):
+    """Every way a resume could silently change what a run means is refused before anything is written: the
+    run folder (checkpoints, config.yaml, logs) is byte for byte what it was (tests/test_resume.py checks each rule)."""
+    data, out = tmp_path / "data", tmp_path / "run"
+    prepare_numbers(capsys, tmp_path / "text", data)
+    code, _, err = run(capsys, "train", "--data", data, "--out", out, "--quiet", "--train.max_steps=2", *RESUME_TINY)
+    assert code == 0, err
+    before = folder_bytes(out)
+    again, extra, said = HOSTILE_RESUMES[case]
+    if again == "halve":
+        halve_the_training_split(data)
+    elif again is not None:
+        prepare_numbers(capsys, tmp_path / "text2", data, "--force", **again)
+    code, _, err = run(capsys, "train", "--data", data, "--out", out, "--quiet", "--resume", "--train.max_steps=4",
+                       *extra)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and said in err, err
+    assert folder_bytes(out) == before

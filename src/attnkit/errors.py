@@ -19,8 +19,10 @@ class CheckpointError(AttnkitError):
     """A checkpoint is missing, truncated or of another kind."""
 
 
-def did_you_mean(word: str, known, prefix: str = "") -> str:
-    """"; did you mean 'x'?" for the closest known name, else the list of them."""
+def did_you_mean(word: object, known, prefix: str = "") -> str:
+    """"; did you mean 'x'?" for the closest known name, else the list of them. `word` as written: a YAML key may be
+    a number, a boolean or null (tests/test_fuzz.py)."""
+    word = str(word)
     close = difflib.get_close_matches(word, list(known), n=1) or sorted(
         (k for k in known if min(len(k), len(word)) >= 2 and (word.startswith(k) or k.startswith(word))),
         key=lambda k: -len(k))[:1]
