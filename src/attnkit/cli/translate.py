@@ -149,15 +149,15 @@ def cmd_translate(args, overrides: list[str]) -> None:
         ensure_new_output(args.output, args.force, "output file")
     if args.alignment_layer < 0:
         raise AttnkitError(f"--alignment-layer counts decoder layers from 1; got {args.alignment_layer}")
+    prefixes = file_lines(args.prefix_file, "--prefix-file") if args.prefix_file else None
     lines = None
-    if not args.interactive:  # the input first: of two faulty files, the one translated is named
+    if not args.interactive:
         if args.input == "-" and sys.stdin.isatty():
             print("attnkit: reading sentences from the terminal, one per line; end with Ctrl-D "
                   "(--input FILE reads a file)", file=sys.stderr)
         lines = read_input(args.input)
-    prefixes = file_lines(args.prefix_file, "--prefix-file") if args.prefix_file else None
-    if lines is not None and prefixes is not None and len(prefixes) != len(lines):
-        raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
     opts = decode_options(args)
     translator = load_translator(args)
     layers = translator.attention_layers
