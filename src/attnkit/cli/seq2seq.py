@@ -12,7 +12,7 @@ def add_parsers(sub) -> dict[str, Callable]:
     d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo (~7 min on a CPU)",
                        description="Write a German->English corpus of number words (0 to 999,999), learn its "
                                    "subwords, train the `demo` preset for 1,310 updates (10 epochs, the learning "
-                                   "rate falling to 0 over the last 40%; as many updates on any CPU, about 8 minutes "
+                                   "rate falling to 0 over the last 40%; as many updates on any CPU, 10-16 minutes "
                                    "on 2 cores), translate the test set, "
                                    "score it and draw the cross-attention of one sentence. --lang zh: the same with "
                                    "Chinese numerals (三百四十五 -> three hundred and forty-five) and the `demo-zh` "
