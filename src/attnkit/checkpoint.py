@@ -78,8 +78,8 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | 
     if ckpt.cuda_rng_state is not None:
         tensors["rng.cuda"] = ckpt.cuda_rng_state
     with atomic_path(path, backup=backup) as tmp:
-        try:  # straight from the tensors' memory: `safetensors.torch.save` held two copies of the file (182 MB at
-            save_file(tensors, tmp, metadata=meta)  # Multi30k's `last`), each save a new peak of the run's memory
+        try:  # straight from the tensors' memory: `safetensors.torch.save` held two copies of the file in memory,
+            save_file(tensors, tmp, metadata=meta)  # each save a new peak of the run's memory
         except SafetensorError as e:  # its I/O errors, as the OSError atomic_path names (ENOSPC: "disk full")
             code = re.search(r"os error (\d+)", str(e))
             raise (OSError(int(code[1]), os.strerror(int(code[1]))) if code else OSError(errno.EIO, str(e))) from None

@@ -59,7 +59,8 @@ def cpu_flags() -> frozenset[str]:
 
 def kernel_builds_costly(device: torch.device, dtype: str) -> bool:
     """Whether products in `dtype` on `device` build their kernels slowly enough for training to keep its product
-    shapes stable (attnkit.nn.linear.stable_rows): bf16 on a CPU whose oneDNN runs AMX, 2-25 ms a kernel."""
+    shapes stable (attnkit.nn.linear.stable_rows): bf16 on a CPU whose oneDNN runs AMX, whose kernels take long to
+    build (benchmarks/kernel_builds.sh counts and times the builds)."""
     if device.type != "cpu" or dtype != "bfloat16" or "amx_bf16" not in cpu_flags():
         return False
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()  # a cap set here
@@ -79,9 +80,9 @@ def emulated_bf16(device: torch.device, dtype: str) -> str:
             "emulates them and may train slower than --train.dtype=float32")
 
 
-# cuDNN's fused attention builds an execution plan for every new shape: ~140 ms each on an H200 (torch 2.11), and
-# bucketed batches change shape almost every update, so Multi30k's preset trained at 300-400 ms an update with it
-# and at 25-55 ms with the flash / memory-efficient kernels, which need no plan (docs/speed.md "On a GPU").
+# cuDNN's fused attention builds an execution plan for every new shape, and bucketed batches change shape almost every
+# update, so a plan is built nearly every step; the flash / memory-efficient kernels need no plan
+# (benchmarks/cuda.sh times training with them; tests/test_runtime.py checks the switches).
 PLANLESS_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -111,13 +112,12 @@ def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed memory for reuse rather than hand it back to the kernel.
 
     glibc serves large blocks with fresh mmap'd pages and trims its heap once much of it is free, so a
-    loop that allocates a few MB per step (decoding: logits, reordered key/value caches) pays a page fault
-    and the zeroing of every 4 KiB page, every step. Beam search on the standard MT workload took about
-    38,000 minor faults per run (150 MB); with blocks up to 32 MB taken from the heap and up to 1 GB of free
-    heap kept, none, and the run went from 282 to 237 ms. Training pays the same toll on its activations: the
-    Multi30k preset spent a fifth of its CPU time in the kernel, and 60 updates took 31.9 s with the system's
-    setting against 28.6 s with this one (peak RSS 0.97 against 1.01 GB). jemalloc or tcmalloc (LD_PRELOAD)
-    do the same.
+    loop that allocates large blocks every step (decoding: logits, reordered key/value caches; training: its
+    activations) pays a page fault and the zeroing of every page, every step, and spends much of its CPU time in
+    the kernel. With blocks below the mmap threshold (32 << 20 bytes) taken from the heap and free heap up to the
+    trim threshold (1 << 30) kept, the pages are reused instead, for a little more peak memory. jemalloc or
+    tcmalloc (LD_PRELOAD) do the same. To measure it, run `attnkit bench --workloads mt-beam5 mt-train` with and
+    without ATTNKIT_SYSTEM_MALLOC=1; tests/test_runtime.py checks the setting.
 
     It changes the whole process, so the library never calls it on its own: the `attnkit` command does, for
     the verbs that decode (translate, score, serve, lm eval / generate) and those that train, and so do the
@@ -144,9 +144,9 @@ def release_kept_memory() -> bool:
 
     Kept memory is reused by the next step, but over an hour of token-budget batches of ever new shapes, and an
     evaluation after every epoch with shapes of its own, the free holes in the heap that were touched once stay
-    resident: a Multi30k hour's resident set climbed by ~90 MiB over its first 40 minutes. The training loops call
-    this at their quiet points (after each evaluation and checkpoint), where a few milliseconds and the page faults
-    of refilling the next step's memory cost nothing next to a ~100 s epoch. Changes nothing unless the process
+    resident, and a long run's resident set climbs. The training loops call this at their quiet points (after each
+    evaluation and checkpoint), where the trim and the page faults of refilling the next step's memory are small
+    next to an epoch (tests/test_runtime.py). Changes nothing unless the process
     opted in with `keep_freed_memory`; returns whether memory was handed back.
     """
     return _KEPT is not None and bool(_KEPT.malloc_trim(0))
@@ -166,11 +166,11 @@ def bound_kernel_caches(kind: str) -> None:
     Under bf16 autocast on a CPU, PyTorch runs matmuls through oneDNN, which builds a "primitive" (a kernel
     specialised to the exact shapes) for each new shape and keeps up to 1,024 of them, and ideep keeps
     another 1,024 of its own. Token-budget batches have a new (sentences, source length, target length)
-    almost every step, about 27 primitives each, so the default caches only grow: on the Multi30k preset
-    the resident memory passed 5 GB in minutes while the tensors in use stayed under 0.3 GB. A step still
-    reuses each of its shapes (every layer's products share them, forward and backward): with oneDNN's cache
-    at 32 primitives the preset made 1,438 updates in 10 minutes against 1,257 with no cache, for ~70 MB more
-    (docs/speed.md); ideep's cache stays off. `kind` ("translation" or "lm") picks the size (KERNEL_CACHE).
+    almost every step, about 27 primitives each, so the default caches only grow, and the resident memory
+    grows many times past the tensors in use. A step still reuses each of its shapes (every layer's products
+    share them, forward and backward), so a small cache keeps most of the reuse at a small, flat cost in memory
+    (benchmarks/kernel_builds.sh measures the builds per cache size); ideep's cache stays off. `kind`
+    ("translation" or "lm") picks the size (KERNEL_CACHE).
 
     Like `keep_freed_memory` it is process-wide (environment variables read when oneDNN first runs), so
     the library never calls it: the `attnkit` command does for the verbs that train. A value already in

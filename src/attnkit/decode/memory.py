@@ -1,7 +1,7 @@
 """How much memory a search needs, so that a batch is cut to fit and a request that cannot fit is refused.
 
 A beam of K over a vocabulary of V scores K * V continuations per sentence and step, and keeps every
-layer's keys and values for each of the K hypotheses: `--beam 100000` on an 8k vocabulary is 3.2 GB of
+layer's keys and values for each of the K hypotheses: `--beam 100000` on an 8k vocabulary is 8 x 10^8 float32
 logits alone, several times over once they are log-softmaxed, ranked and reordered. The estimate below is
 deliberately an upper bound (every buffer of a step counted as live at once); a test checks it against
 the memory a search really takes.

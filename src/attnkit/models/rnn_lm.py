@@ -14,9 +14,8 @@ context the state carried is the one before the last E tokens, which the next se
 
 On a CPU the layers run one at a time, time-major, with attnkit's dropout between them (`layers_on_cpu`): the same
 oneDNN cells and parameters as `nn.LSTM`'s own multi-layer call, without its two batch-first transposes and with a
-cheaper dropout mask than its `bernoulli_`; forward and backward of the bench's LSTM (4 x 256, B 32 x 128) took
-280.4 ms instead of 297.4 (benchmarks/lstm_layers.py, docs/speed.md). Elsewhere `nn.LSTM` runs all layers at once
-(cuDNN wants its weights in one flat buffer).
+cheaper dropout mask than its `bernoulli_` (benchmarks/lstm_layers.py times forward and backward both ways).
+Elsewhere `nn.LSTM` runs all layers at once (cuDNN wants its weights in one flat buffer).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ so every parameter gets a gradient (zero): DDP needs no `find_unused_parameters`
 
 A tail cluster's products run over its rows padded to a multiple of ROW_BUCKET (`bucketed`), and the padding's
 results are dropped: the count of a cluster's words changes with every batch, and under bf16 autocast on a CPU
-each new row count is a new oneDNN kernel to build (0.2-0.5 ms each: in `lm-word-wt2` about 14 an update, 7.5 ms
-of a ~200 ms step, even with 128 kernels kept; docs/speed.md), while a few bucketed counts stay cached. The
+each new row count is a new oneDNN kernel to build, many an update in `lm-word-wt2` even with a large
+kernel cache (benchmarks/kernel_builds.sh counts them), while a few bucketed counts stay cached. The
 padded rows cost at most ROW_BUCKET - 1 rows of each cluster's products; values and gradients are those of the
 unpadded rows.
 """

@@ -69,10 +69,9 @@ class KVCache:
     when full; `k` and `v` are then views of its filled part. A cache stays valid after it is appended to:
     only the newest cache grown from a buffer writes into it, any other append (a branch) copies first.
 
-    The buffer is time-major (`_Room`), so the filled part is one block without gaps: with cold caches
-    (B 64, H 4, 12 of 33 positions filled) a step's q K^T took 34 us against 83 us in a (B, H, capacity, Dh)
-    buffer, whose filled rows lie between the gaps left for later positions. Greedy search got about 4%
-    faster on the MT workload.
+    The buffer is time-major (`_Room`), so the filled part is one block without gaps, which a step's q K^T
+    reads with cold caches faster than a (B, H, capacity, Dh) buffer, whose filled rows lie between the gaps
+    left for later positions (`attnkit bench --workloads mt-greedy`; tests/test_attention.py checks the cache).
     """
 
     k: torch.Tensor
@@ -119,9 +118,9 @@ def _short(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the explicit path beats CPU SDPA: several queries, few (query, key) pairs per head.
 
     SDPA's CPU kernel works in blocks of queries and keys, with a fixed cost per (batch, head) that small
-    blocks do not repay. Measured on 2 threads (B, H=4, T, S, Dh=64): explicit vs SDPA 67 vs 172 us at
-    (16, 5, 24) (beam search's cross-attention), 453 vs 1116 us at (64, 24, 24), 130 vs 582 us at
-    (64, 2, 24); SDPA wins from (16, 128, 128) (3.1 vs 4.8 ms) and is level at one query.
+    blocks do not repay: up to 4096 (query, key) pairs per head (beam search's cross-attention, the MT
+    workload's self-attention) the explicit products win, from about 128 x 128 SDPA does, and at one query
+    they are level (benchmarks/decode_profile.py splits a decoding run's time by operator).
     """
     return q.size(2) > 1 and q.size(2) * k.size(2) <= 4096
 
@@ -136,8 +135,8 @@ def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     """(B, H, 1, Dh) queries over (B, H, S, Dh) keys -> (B, 1, D): a decoding step's attention on CPU.
 
     Two batched products over all B * H heads at once (the keys are read transposed, in place). SDPA's CPU
-    kernel takes each (batch, head) apart with two small products of its own; on the MT workload's decoding
-    steps this path made greedy search about 2.5% faster.
+    kernel takes each (batch, head) apart with two small products of its own, a fixed cost per head that a
+    decoding step's one query does not repay (`attnkit bench --workloads mt-greedy`).
     """
     b, h, _, dh = q.shape
     scores = torch.bmm(q.reshape(b * h, 1, dh), k.flatten(0, 1).transpose(1, 2)).mul_(scale)  # (B*H, 1, S)

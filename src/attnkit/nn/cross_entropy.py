@@ -6,7 +6,7 @@ N rows, V classes. Per row, against the target t: loss = (1 - eps) * nll + eps *
     loss = lse - (1 - eps) * z_t - eps * mean_v(z_v),   d loss / d z = softmax(z) - (1 - eps) * onehot(t) - eps / V.
 `cross_entropy_rows` computes both from the logits a chunk of rows at a time: no (N, V) log-softmax, target
 distribution or float32 copy of the logits is ever held whole (the plain autograd path held four (N, V) float32
-tensors at once: ~0.5 GB at 4,096 tokens x 8,000), only the logits and their gradient; the adaptive softmax's head and
+tensors at once, 16 N V bytes), only the logits and their gradient; the adaptive softmax's head and
 clusters (`attnkit.nn.adaptive`) go through it. `projected_cross_entropy` starts a step earlier, from the output
 layer's input h (N, D) and weights: each chunk's logits are made, used and dropped, so neither the logits nor their
 gradient is ever held whole; the translation loss (`attnkit.train.losses`) trains the Transformer through it.
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from attnkit.nn.linear import row_multiple
 
-CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MB in float32): a chunk's passes stay in the CPU's caches
+CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 bytes each in float32): a chunk's passes stay in the CPU's caches
 
 
 PROJECTED_CHUNK_ELEMENTS = 1 << 23  # logits per product of the projected loss on a CPU: 1,024 rows at V = 8,000
@@ -72,8 +72,9 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
     One pass over each chunk of rows does everything: softmax (one exponential a logit, torch's fast vectorised one),
     the logsumexp read off it (its largest entry is exp(0) / sum, so lse = max z - log max p), and, when the logits
     need a gradient, the gradient itself by the module's formula, kept in the logits' precision for the backward to
-    scale row by row. torch.exp and logsumexp are 1.5-2.5x slower a logit than softmax on CPUs, and the logits are
-    read once. The NLL carries no gradient (it is the loss itself when eps is 0)."""
+    scale row by row. torch.exp and logsumexp cost more a logit than softmax's vectorised exponential on CPUs, and the
+    logits are read once (benchmarks/loss_memory.py times it against the plain path). The NLL carries no gradient
+    (it is the loss itself when eps is 0)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float, with_grad: bool):
@@ -88,7 +89,7 @@ class _SoftmaxCrossEntropy(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         out = torch.empty_like(grad)  # (N, V) in the logits' precision
         for rows in _chunks(*grad.shape):  # each row scaled by its upstream gradient in float32 at least, a chunk at
-            # a time: torch's mixed bf16 x float32 product is ~12x slower (39 vs 3.3 ms at 1,900 x 8,000)
+            # a time: torch's mixed bf16 x float32 product is many times slower (benchmarks/loss_memory.py)
             out[rows] = grad[rows].to(grad_loss.dtype, copy=True).mul_(grad_loss[rows, None])
         return out, None, None, None
 
@@ -103,7 +104,7 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
 
 def projection_rows(v: int, device: torch.device | None = None) -> int:
     """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (on a CPU
-    1,024 rows at V = 8,000: 16 MB in bf16), a multiple of 16; within a `stable_rows` scope no more than its multiple,
+    1,024 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple,
     and every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
     elements = PROJECTED_CHUNK_ELEMENTS * (CUDA_CHUNK_FACTOR if device is not None and device.type == "cuda" else 1)
     rows = max(16, elements // v // 16 * 16)
@@ -118,9 +119,9 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
     whole: each chunk's `_rows_pass` (itself a cache-sized chunk at a time) gives its loss and its gradient dz, which
     goes at once into the gradients of h (dz W), W (dz^T h, summed in float32) and b (dz summed); the backward scales
     them by the loss's upstream gradient, one number, as the loss is a sum. `needs` says which of h, weight and bias
-    want a gradient (none: evaluation). Against the logits made whole and `cross_entropy_rows` over them, the output
-    layer (256 -> 8,000) and the loss at 4,096 tokens on a 2-core EPYC (benchmarks/loss_memory.py): bf16 1.7x less
-    peak memory and 1.14x faster, float32 1.9x less and 1.42x faster."""
+    want a gradient (none: evaluation). Against the logits made whole and `cross_entropy_rows` over them, this holds
+    neither the logits nor their gradient, so the peak memory falls and the logits are read while in cache:
+    benchmarks/loss_memory.py measures both in bf16 and float32; tests/test_cross_entropy.py checks the values."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
@@ -144,7 +145,7 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
             if dz is None:
                 continue
             if grad_b is not None:  # summed in float32, rounded to dz's precision as the product for W is; a
-                # float32 result from bf16 costs 3.8x the time (4.8 against 1.25 ms at 1,040 x 8,000)
+                # float32 result from bf16 costs several times the time (benchmarks/loss_memory.py)
                 grad_b += dz.sum(0)
             if k < hc.size(0):
                 dz = F.pad(dz, (0, 0, 0, hc.size(0) - k))  # zero rows: nothing reaches W or b from the padding

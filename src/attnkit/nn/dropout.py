@@ -9,9 +9,8 @@ gradient is the same pass over the incoming gradient). An element is dropped wit
 round(p * 2^16) / 2^16, within 2^-17 of p (0.1 -> 0.100006); kept ones are scaled by 1 / (1 - p); the draws
 come from torch's generator, so seeds reproduce.
 
-Profiled in the MT workload's float32 training step on 2 cores (32 dropout sites, ~0.6 s per step): the
-masks and their use in both directions took about 75 ms with 32-bit masks, `where` and SDPA's `bernoulli_`,
-and about 30 ms this way.
+This replaces 32-bit masks, `where` passes and `bernoulli_`, which made dropout (a training step has dozens of sites)
+a visible part of a CPU step; benchmarks/train_profile.py's "activations and dropout" category measures its share.
 On CUDA the fused kernel of `F.dropout` is used.
 """
 

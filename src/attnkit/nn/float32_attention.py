@@ -3,21 +3,19 @@
 B batch, H heads, T queries, S keys, Dh head dim.
 
 Under bf16 autocast on a CPU, `q @ k^T` and `weights @ v` go to oneDNN, which builds a kernel for every (B * H, T, S) it
-has not kept, and token-budget batches bring new lengths nearly every step. On a Xeon with AMX a Multi30k step built ~16
-of these small kernels, and they pushed the linear maps' large kernels (~11 ms to build for the output projection's
-input gradient) out of oneDNN's cache of 32, so those were rebuilt every step too: 27 ms of builds an update. In float32
-the same products are plain batched GEMMs with no kernel to build, and at these sizes (T, S up to 64 keys, Dh 64) they
-are a few MFLOP each. Autocast would cast float32 operands of a product back to bf16, so this is an autograd Function of
-its own: it saves the half-precision inputs (views of the projections, which are kept anyway) and the float32 weights
-(what the softmax saved before), widens the inputs again in `backward`, and returns the output and gradients in the
-inputs' dtype. Dropout on the weights uses the same keep masks as `nn.dropout`.
+has not kept, and token-budget batches bring new lengths nearly every step. These small kernels also push the linear
+maps' large kernels out of oneDNN's kernel cache, so those are rebuilt every step too. In float32 the same products are
+plain batched GEMMs with no kernel to build, and at these sizes (T, S up to 64 keys, Dh 64) they are a few MFLOP each.
+Autocast would cast float32 operands of a product back to bf16, so this is an autograd Function of its own: it saves
+the half-precision inputs (views of the projections, which are kept anyway) and the float32 weights (what the softmax
+saved before), widens the inputs again in `backward`, and returns the output and gradients in the inputs' dtype.
+Dropout on the weights uses the same keep masks as `nn.dropout`.
 
 `MultiHeadAttention` takes this path in training inside `float32_products()`, which the Trainer opens where kernel
-builds are costly (`runtime.kernel_builds_costly`: bf16 on a CPU with AMX), beside `nn.linear.stable_rows`. There the
-Multi30k step built no kernel after its first updates (21.6 an update before); the step took 350.0 against 365.6 ms in
-step-ci.sh's four rounds (1.045x, 95%: 0.95-1.15x), 323 against 343 ms in the variants' sittings. With oneDNN held to
-AVX-512 BF16 (the EPYC's kernels) the step was level (680-769 against 701-710 ms) and the peak resident set 60 MiB
-higher, so elsewhere the products stay in bf16.
+builds are costly (`runtime.kernel_builds_costly`: bf16 on a CPU with AMX), beside `nn.linear.stable_rows`: there a
+step builds no kernel after its first updates. Where oneDNN runs AVX-512 BF16 instead, the step gains nothing and
+holds more memory (the float32 weights), so the products stay in bf16. tests/test_float32_attention.py checks the
+gradients and that no kernel is built for new lengths; benchmarks/kernel_builds.sh counts the builds per update.
 """
 
 from __future__ import annotations

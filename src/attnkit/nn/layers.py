@@ -122,11 +122,10 @@ def _apply(block: Residual | None, fn: Callable[[torch.Tensor], torch.Tensor] | 
 class StepWeights(NamedTuple):
     """What a decoder layer's incremental step reads, fetched once per search (`DecoderLayer.step_weights`).
 
-    A decoding step is short on arithmetic (one position per row), and reaching a submodule or weight
-    through nn.Module attribute lookups costs about 0.8 us per level; the step takes the sublayers, the
-    output products' Parameters and the norms (as functions: attnkit.nn.norms.norm_function) from here (the
-    sublayers' own methods do the projections). With the module calls it replaced, greedy search got about 6%
-    faster on the MT workload.
+    A decoding step is short on arithmetic (one position per row), so nn.Module attribute lookups, a
+    dictionary walk per level, are a visible share of it; the step takes the sublayers, the output products'
+    Parameters and the norms (as functions: attnkit.nn.norms.norm_function) from here once per search (the
+    sublayers' own methods do the projections). `attnkit bench --workloads mt-greedy` measures the step.
     Holding the Parameters themselves (not copies), this stays correct while the weights change in place;
     a search takes a fresh one.
     """

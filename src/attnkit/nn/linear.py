@@ -1,52 +1,27 @@
 """Linear maps that keep a prepacked copy of their weights for CPU inference.
 
-A decoder step multiplies few rows by many weights: (64, 256) @ (256, 8000) for the output projection.
-Called through `F.linear`, the BLAS library repacks the weight matrix into its blocked layout on every
-call, which costs about as much as the product itself at such shapes. oneDNN can keep the weight in that
-layout ("prepacking", what inductor's freezing pass does for CPU inference): measured on 2 threads, one
-MT decoder step's 19 products took 3.4 ms instead of 6.5 ms, and the encoder's (1536, 256) products are
-10-15% faster too.
+Called through `F.linear`, oneDNN repacks the weight into its blocked layout on every call, which at a decoder
+step's few rows costs about as much as the product; keeping the packed copy ("prepacking", as inductor's freezing
+pass does) avoids it. `linear` takes that path inside a `prepacked()` scope when it is safe: CPU, no gradient, no
+autocast, float32 (or bf16 where oneDNN has it), a Parameter weight. The `PackedWeights` cache rebuilds a copy when
+the weight's version counter or storage changes; a fused optimiser step or a write through `.data` does not bump the
+counter, so a cache belongs to weights fixed while it lives (a search's, a `Translator`'s). Results agree with
+`F.linear` to float32 rounding; the price is one more copy of each weight. tests/test_linear.py checks the
+equivalence; benchmarks/decode_profile.py and `attnkit bench --workloads mt-greedy mt-beam5` measure the gain.
 
-`linear` takes the prepacked path inside a `prepacked()` scope whenever it is safe, i.e. on CPU, with no
-gradient being recorded, no autocast, float32 (or bfloat16 where oneDNN supports it) and a weight that is a
-Parameter. The packed copies live in the scope's `PackedWeights` cache, one per Parameter (and row range),
-and are rebuilt when the weight's version counter or storage changes (`load_state_dict`, most optimiser
-steps, `.to()`). The version counter does not see every change: a fused optimiser step
-(`torch.optim.AdamW(fused=True)`) and writes through `.data` leave it alone. So a cache belongs to weights
-that stay fixed while it lives: a search opens a fresh one for its own length, a `Translator` keeps one
-for its frozen model, and a training loop's evaluation (a new `Translator` each time) never sees the
-packed copy of an earlier step. Outside a scope, training and CUDA, `F.linear` runs unchanged. Results
-agree with `F.linear` to float32 rounding (the summation order differs). The cost is memory: one more
-copy of every weight used in inference, kept while the cache lives.
+`PackedWeights(int8=True)` keeps int8 copies instead: weight rows quantised symmetrically with a scale each, the
+input to uint8 with one scale per call, through PyTorch's dynamic quantisation kernels (fbgemm / oneDNN: AVX2,
+AVX-512, VNNI), accumulated in int32. With VNNI or AMX a u8 x s8 product goes straight into int32 (inputs 0..255,
+weights -127..127); without it (AVX2, AVX-512F/BW) `vpmaddubsw` adds pairs of products in 16 bits with saturation:
+2 x 255 x 127 = 64,770 clips to 32,767. Those kernels are exact with 7-bit weights (2 x 255 x 64 = 32,640, what
+attnkit uses) or 7-bit inputs (`reduce_range`: 2 x 127 x 127 = 32,258, the `SATURATING` setting), so
+`int8_scheme()` asks the kernels once per engine which ranges they sum exactly and refuses one exact in none
+(tests/test_int8.py; error and speed per kernel family: benchmarks/int8_families.py).
 
-`PackedWeights(int8=True)` keeps int8 copies instead (`int8_unavailable()` says when the CPU cannot run them
-fast): each weight row quantised symmetrically to int8 with its own scale, each product's input quantised
-on the fly to uint8 with one scale per call (PyTorch's dynamic quantisation kernels, fbgemm / oneDNN, which
-use AVX2, AVX-512 and VNNI instructions), accumulated in int32 and returned in float32. Measured on 2 threads
-(AVX-512 VNNI), a (64, 512) x (512, 2048) product took 0.10 ms instead of 0.26 ms, the (64, 512) x (512,
-32000) output projection 1.2 ms instead of 4.3 ms. The price is rounding: each output is off by about 1% of
-its scale, which the tests and the BLEU figures in docs/speed.md bound.
-
-The quantisation's ranges depend on the kernels. With VNNI (or AMX) a u8 x s8 product is added straight into
-int32: inputs use 0..255, weights -127..127. Without it (AVX2, AVX-512F/BW) the kernels add pairs of products in
-16 bits with saturation (`vpmaddubsw`): two inputs of 255 times weights of 127 make 64,770, which clips to 32,767,
-and a product of true value 12.80 came out 6.48. Those kernels are exact when one side gives up a bit: weights
-in -64..64 with inputs in 0..255 (2 x 255 x 64 = 32,640 fits), which attnkit uses, or inputs in 0..127
-(`reduce_range`: 2 x 127 x 127 = 32,258), which the `SATURATING` setting selects for measurement. On the Multi30k
-model's FFN products the relative error is 0.0088 with 7-bit weights and 0.0116 with 7-bit inputs (0.0065 with
-VNNI's 8 + 8 bits). Which kernels run is fbgemm's or oneDNN's choice inside the process (the CPU,
-`FBGEMM_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`, the quantized engine), so `int8_scheme()` asks the kernels
-themselves once per engine which ranges they sum exactly, and a kernel exact in none is refused.
-
-In training, `linear` can keep the row count of its products stable instead (`stable_rows(multiple)`). Under bf16
-autocast on a CPU, oneDNN builds a kernel for every product shape it has not kept, and token-budget batches give
-each step new row counts (B x S = 2,040, 2,043, 1,792 ...). With AMX a build takes 2-25 ms, and a Multi30k step
-built 44 of them, 113 ms of a ~400 ms step. Inside the scope each product runs on its rows plus zero rows up to a
-multiple of `multiple` (the token budget), and returns the real rows' outputs: the zero rows add nothing to the
-weight's gradient, and the shapes, hence the kernels, repeat from step to step (22 builds, 25 ms an update: those
-left were the attention's products, whose shapes follow the batch's lengths; the Trainer now runs those in float32,
-nn.float32_attention, and builds none). The price is the zero rows' work and memory, a few percent: with oneDNN held
-to AVX-512 BF16 on the same CPU the step was slower with the scope.
+In training, `stable_rows(multiple)` pads each product's rows with zero rows up to a multiple of the token budget:
+under bf16 autocast oneDNN builds a kernel for every new product shape (costly where it runs AMX), token-budget
+batches bring new row counts each step, and padded shapes repeat. The zero rows add nothing to the gradient; their
+work is the price (tests/test_linear.py; builds counted by benchmarks/kernel_builds.sh).
 """
 
 from __future__ import annotations
@@ -64,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_ROWS_HINT = 64  # the batch size oneDNN picks its layout for; measured as good from 5 to 1536 rows
+_ROWS_HINT = 64  # the batch size oneDNN picks its layout for; one layout serves decoding's and the encoder's rows
 
 
 def _dtypes() -> tuple[torch.dtype, ...]:

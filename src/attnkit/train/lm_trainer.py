@@ -16,7 +16,7 @@ generates on its own.
 Resuming (`resume=True`) restores the weights, optimizer, schedule position, RNG and the stream
 position (epoch + next segment), but not the memory: the first segment after a resume starts with an
 empty memory, as the first segment of every pass does. Memory would cost L x B x M x D floats per
-checkpoint (50 MB for the LM workload); one segment without context is a negligible perturbation. A run
+checkpoint; one segment without context is a negligible perturbation. A run
 resumed at a pass boundary (or a vanilla run anywhere) ends with the same parameters as training straight.
 """
 

@@ -1,9 +1,9 @@
-"""`train.dtype: auto`: the precision that trains faster on this machine, measured on the run's own first batches.
+"""`train.dtype: auto`: the precision that trains faster on this machine, timed on the run's own first batches.
 
 bf16 autocast halves the bytes a matrix product moves and, on a CPU with bf16 instructions (AVX-512 BF16, AMX, Arm's
 BF16), the arithmetic too; without them oneDNN emulates it, slower than float32. The flags do not settle it either:
-with AVX-512 BF16 on both, the Tatoeba preset's bf16 steps made 1.77x fairseq's float32 updates on a 2-core EPYC (its
-own float32 1.13x) and 0.72x on a 2-core Xeon (docs/speed.md). So `auto` decides:
+two CPUs with AVX-512 BF16 can rank bf16 and float32 opposite ways (the memory system and the kernels oneDNN picks
+differ; benchmarks/train_profile.py profiles a recipe in its preset's precision). So `auto` decides:
 
 - on CUDA, bfloat16 where the GPU supports it (Ampere and later), else float32, without timing;
 - on a CPU whose flags show no bf16 instructions, float32, without timing;
@@ -11,11 +11,11 @@ own float32 1.13x) and 0.72x on a 2-core Xeon (docs/speed.md). So `auto` decides
   round each, then PROBE_ROUNDS alternating rounds, summed over DDP ranks so that all choose alike): bfloat16 when it
   takes under BF16_MARGIN of float32's time, since float32 is the exact one. A float32 pass runs each batch as
   PROBE_PARTS row slices (`probe_parts`): the same work, holding half a batch's float32 activations, about what a
-  bfloat16 training step holds, so the probe does not set the run's peak memory (with whole batches it added
-  ~280 MB to the Multi30k preset's, docs/speed.md). A bfloat16 pass runs whole batches, as a training step does:
-  oneDNN builds bf16 kernels for each new shape, more per batch than its cache keeps, so slices built them twice
-  and, on a 2-core Xeon with AMX, timed Tatoeba's bfloat16 at 0.95-1.10x float32's where its steps take 0.75-0.82x
-  (docs/speed.md). float32's products build no kernels, and ran as fast sliced as whole there;
+  bfloat16 training step holds, so the probe does not set the run's peak memory (whole float32 batches would).
+  A bfloat16 pass runs whole batches, as a training step does: oneDNN builds bf16 kernels for each new shape, more
+  per batch than its cache keeps, so slices would build them twice and, where builds are slow (AMX), time bfloat16
+  far slower than its training steps run. float32's products build no kernels, so slicing costs them nothing
+  (tests/test_precision.py checks both);
 - elsewhere (MPS), float32.
 
 The probe leaves no trace (`no_trace`): the RNG, the buffers and the gradients are restored, so a run with `auto`
@@ -35,7 +35,7 @@ from attnkit.runtime import emulated_bf16
 
 PROBE_BATCHES = 4  # the run's first batches (segments), their real shapes
 PROBE_ROUNDS = 2  # timed rounds per precision, after an untimed one
-BF16_MARGIN = 0.95  # bf16 must be at least 5% faster to be chosen over the exact precision
+BF16_MARGIN = 0.95  # bf16 is chosen over the exact precision only when it takes under this share of its time
 PROBE_PARTS = 2  # row slices each probe batch runs as (the module docstring)
 
 Passes = Callable[[str], None]  # dtype -> forward + backward over the probe batches in that precision

@@ -73,8 +73,7 @@ def model_losses(model: torch.nn.Module, batch: Batch, epsilon: float) -> tuple[
     """The label-smoothed loss and the NLL of `batch` under `model(src, tgt_in)`, summed over target tokens. A model
     with an `output_layer` (the Transformer, the RNN encoder-decoders) hands its input `states` to the loss, which makes
     the (tokens x vocabulary) logits a chunk at a time and never whole, for the real tokens only
-    (losses.projected_label_smoothed_nll: a Multi30k step's peak RSS 64-78 MiB lower in bf16, ~70 in float32;
-    docs/speed.md)."""
+    (losses.projected_label_smoothed_nll, which lowers a step's peak memory: benchmarks/loss_memory.py)."""
     if hasattr(model, "output_layer"):
         return projected_label_smoothed_nll(model.states(batch.src, batch.tgt_in), *model.output_layer(),
                                             batch.tgt_out, epsilon, PAD_ID)

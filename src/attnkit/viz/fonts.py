@@ -18,7 +18,7 @@ from matplotlib import font_manager, ft2font
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-# Debian's CJK font packages, smallest first (.ci/run installs the first; 1.6 MB against fonts-noto-cjk's 57 MB).
+# Debian's CJK font packages, smallest first (.ci/run installs the first, a small fraction of fonts-noto-cjk's size).
 CJK_PACKAGES = ("fonts-wqy-microhei", "fonts-noto-cjk")
 # Sans-serif fonts with CJK glyphs by their family names, Simplified Chinese first (attnkit's likely readers),
 # Linux then macOS and Windows ones. matplotlib reads the first face of a .ttc: fonts-noto-cjk is "Noto Sans CJK JP".
