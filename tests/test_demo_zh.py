@@ -9,6 +9,7 @@ import pytest
 
 from attnkit.cli.main import main
 from attnkit.config import resolve
+from attnkit.data.dataset import data_languages
 from attnkit.data.demo_corpus import EXAMPLES, _draw_numbers, chinese, make_number_corpus, spell, write_number_corpus
 from attnkit.demo import run_demo
 from attnkit.errors import ConfigError
@@ -92,6 +93,9 @@ def test_demo_lang_zh_end_to_end(capsys, tmp_path):
     test_sources = (out / "corpus" / "test.zh").read_text(encoding="utf-8").splitlines()
     assert set(shown) <= set(test_sources)
     assert (out / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # prepare was told the languages, so Chinese chose its normalization (identity) and BLEU knows the target's
+    assert data_languages(out / "data") == {"src": "zh", "tgt": "en"}
+    assert "tokenizer normalization: identity" in captured.out
     if installed_cjk_fonts():
         assert "missing from font" not in captured.err and "no CJK font" not in captured.err
     with pytest.raises(ConfigError, match="one of de, zh"):

@@ -16,7 +16,7 @@ from attnkit.errors import AttnkitError, ConfigError
 from attnkit.models import build_model
 from attnkit.models.rnn import Attended, HardAttentionSeq2Seq, reverse_padded
 from attnkit.train.losses import label_smoothed_nll
-from attnkit.train.trainer import model_losses, training_forward
+from attnkit.train.trainer import model_losses
 
 V = 24
 # (kind, config changes): every variant, and the options that change the computation
@@ -140,7 +140,7 @@ def test_cached_step_by_step_decoding_equals_the_full_forward(kind, kw):
 
 @pytest.mark.parametrize(("kind", "kw"), VARIANTS, ids=IDS)
 def test_training_loss_from_the_output_layers_input_equals_the_loss_of_the_logits(kind, kw):
-    """model_losses hands `states` and `output_layer` to the projected loss: the same losses and gradients as
+    """model_losses hands `features` and `output_layer` to the projected loss: the same losses and gradients as
     label_smoothed_nll over forward's logits, dropout (the same draws, in the same order) and sampling included."""
     m = build_model(kind, config(kind, dropout=0.3, **kw)).double().train()
     tgt_in = targets()
@@ -159,7 +159,6 @@ def test_training_loss_from_the_output_layers_input_equals_the_loss_of_the_logit
 
     projected = losses_and_grads(lambda: model_losses(m, batch, 0.1))
     whole = losses_and_grads(lambda: label_smoothed_nll(m(batch.src, batch.tgt_in), batch.tgt_out, 0.1, PAD_ID))
-    assert hasattr(m, "output_layer")  # what makes model_losses take the projected path
     for a, b in zip(projected[:2], whole[:2]):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert projected[2].keys() == whole[2].keys() and "out_proj.weight" in whole[2]
@@ -241,7 +240,7 @@ def test_only_the_estimator_trains_the_hard_scorer(estimator):
     tgt_in = targets()
     tgt_out = torch.cat([tgt_in[:, 1:], torch.full((4, 1), EOS_ID)], 1)
     batch = Batch(sources(), tgt_in, tgt_out, torch.arange(4))
-    logits, aux = training_forward(m, batch)
+    logits, aux = logits_and_aux(m, batch)
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt_out.reshape(-1), reduction="sum")
     nll.backward(retain_graph=True)
     through_likelihood = m.query_proj.weight.grad
@@ -251,6 +250,12 @@ def test_only_the_estimator_trains_the_hard_scorer(estimator):
         assert m.query_proj.weight.grad.abs().sum() > 0
     else:  # straight-through: the relaxed sample's gradient reaches the scorer, no extra term
         assert through_likelihood.abs().sum() > 0 and float(aux) == 0.0
+
+
+def logits_and_aux(m, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """The logits of the model's `training_features` and the term beside them, as the trainer gets both."""
+    features, aux = m.training_features(batch.src, batch.tgt_in, batch.tgt_out)
+    return torch.nn.functional.linear(features, *m.output_layer()), aux
 
 
 def copy_batches(n: int, seed: int) -> list[Batch]:
@@ -281,7 +286,7 @@ def test_every_variant_trains_with_decreasing_loss_and_decodes(kind, kw):
     batches, losses = copy_batches(4, seed=2), []
     for step in range(20):
         batch = batches[step % 4]
-        logits, aux = training_forward(m, batch)  # the trainer's own call, auxiliary terms included
+        logits, aux = logits_and_aux(m, batch)  # the trainer's own call, auxiliary terms included
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, V), batch.tgt_out.reshape(-1),
                                                 ignore_index=PAD_ID, reduction="sum")
         opt.zero_grad()

@@ -60,7 +60,9 @@ def run_demo(out_dir: str | Path, *, lang: str = "de", overrides: list[str] = ()
         f"{n_eval:,} test pairs) to {out}/corpus")
     files = write_number_corpus(out / "corpus", lang=lang, n_train=n_train, n_valid=n_eval, n_test=n_eval)
     say("2/4 training a sentencepiece vocabulary and encoding the corpus")
-    report = prepare(out / "data", files["train"], files["valid"], files["test"], vocab_size=400, force=True)
+    # the languages are known: prepare records them and lets them choose the tokenizer's normalization
+    report = prepare(out / "data", files["train"], files["valid"], files["test"], vocab_size=400, force=True,
+                     src_lang=lang, tgt_lang="en")
     say(report.summary())
     say(f"3/4 training transformer-small: {budget(cfg.train)}")
     trainer = Trainer(cfg, out / "data", out, force=True, progress=progress)

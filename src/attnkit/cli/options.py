@@ -83,8 +83,8 @@ def add_device_option(p: argparse.ArgumentParser, default: str = "auto") -> None
 def add_quantize_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=["none", "int8"], default="none",
                    help="int8: decode with int8 weights and inputs quantised per product (CPU with AVX2 or better; "
-                        "elsewhere a warning says why and float32 runs); about 1.3-1.8x faster, BLEU within 0.1 on "
-                        "Multi30k (docs/speed.md)")
+                        "elsewhere a warning says why and float32 runs); faster decoding for a rounding cost in BLEU "
+                        "that docs/speed.md tables beside the speed")
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

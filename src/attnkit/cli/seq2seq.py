@@ -9,7 +9,8 @@ from attnkit.errors import AttnkitError
 
 
 def add_parsers(sub) -> dict[str, Callable]:
-    d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo (~7 min on a CPU)",
+    d = sub.add_parser("demo", help="train and evaluate the built-in German->English number demo (10-16 min on "
+                                    "2 CPU cores)",
                        description="Write a German->English corpus of number words (0 to 999,999), learn its "
                                    "subwords, train the `demo` preset for 1,310 updates (10 epochs, the learning "
                                    "rate falling to 0 over the last 40%; as many updates on any CPU, 10-16 minutes "

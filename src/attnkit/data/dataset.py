@@ -424,6 +424,6 @@ def resegment_train(
         path = data_dir / f"train.{side}.txt"
         if not path.is_file():
             raise DataError(f"{path}: missing; train.bpe_dropout segments the training text afresh every epoch, "
-                            "and attnkit prepare writes it since 2026-11: prepare the folder again")
+                            "and a folder prepared by an older attnkit lacks it: prepare the folder again")
         texts.append(read_lines(path))
     return EncodedSplit.from_pairs(src_tok.encode(texts[0], dropout), tgt_tok.encode(texts[1], dropout))

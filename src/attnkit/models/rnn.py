@@ -35,6 +35,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnkit.config import PAD_ID, RNNConfig, family
 from attnkit.errors import AttnkitError
+from attnkit.models.seq2seq import Seq2Seq
 from attnkit.nn import Dropout
 from attnkit.nn.outputs import step_log_probs
 
@@ -105,7 +106,7 @@ def additive_scores(keys: torch.Tensor, query: torch.Tensor, v: nn.Linear) -> to
     return v(torch.tanh(keys + query[:, None])).squeeze(-1)  # (B, S, A) + (B, 1, A) -> (B, S, 1) -> (B, S)
 
 
-class RNNSeq2Seq(nn.Module):
+class RNNSeq2Seq(Seq2Seq):
     """Encoder-decoder with a fixed context vector C; the base of the family, whose hooks the others override."""
 
     kind = "rnn-seq2seq"
@@ -208,9 +209,9 @@ class RNNSeq2Seq(nn.Module):
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src))[0]
 
-    def states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """src (B, S), tgt_in (B, T) -> the output layer's input (B, T, H): `forward` but for its last product, which
-        training's loss makes a chunk of rows at a time (attnkit.train.trainer.model_losses)."""
+    def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt_in (B, T) -> the output layer's input (B, T, H), dropped out: `forward` but for its last
+        product, which training's loss makes a chunk of rows at a time (models.seq2seq)."""
         features, _ = self._unroll(tgt_in, self.init_state(self.encode(src)))
         return self.dropout(features)
 
@@ -390,7 +391,7 @@ class HardAttentionSeq2Seq(BahdanauSeq2Seq):
     """Hard attention: the context is one encoder state, chosen by the additive scores (Xu et al. 2015).
 
     Training samples the position z_t ~ a_t. With `estimator: reinforce` the likelihood cannot reach the
-    scorer through the sample, so `forward_train` adds the REINFORCE term -(r_t - b) log a_t(z_t), where
+    scorer through the sample, so `training_features` adds the REINFORCE term -(r_t - b) log a_t(z_t), where
     the reward r_t is the mean log-likelihood of the target tokens the choice can still influence
     (y_t .. y_end; earlier tokens do not depend on it) and b a moving average of the rewards. With
     `estimator: gumbel` the sample is a straight-through Gumbel-softmax (Jang et al. 2017): one-hot in
@@ -412,14 +413,16 @@ class HardAttentionSeq2Seq(BahdanauSeq2Seq):
         picks = torch.multinomial(log_probs.exp(), 1).squeeze(1)  # (B,)
         return F.one_hot(picks, log_probs.size(-1)).to(log_probs.dtype)
 
-    def forward_train(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, T, V) and the summed REINFORCE term (0 with the Gumbel estimator or in eval mode)."""
+    def training_features(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """The output layer's input (B, T, H), dropped out, and the summed REINFORCE term (0 with the Gumbel estimator
+        or in eval mode), whose rewards come from the logits of those same features."""
         features, attended = self._unroll(tgt_in, self.init_state(self.encode(src)))
-        logits = self.project(features)
+        features = self.dropout(features)
         if self.config.estimator == "gumbel" or not self.training:
-            return logits, logits.new_zeros(())
-        return logits, self._reinforce_loss(logits, attended, tgt_out)
+            return features, 0.0
+        logits = F.linear(features, *self.output_layer())  # (B, T, V): the rewards read them detached
+        return features, self._reinforce_loss(logits, attended, tgt_out)
 
     def _reinforce_loss(self, logits: torch.Tensor, attended: list[Attended], tgt_out: torch.Tensor) -> torch.Tensor:
         real = tgt_out.ne(PAD_ID)  # (B, T)

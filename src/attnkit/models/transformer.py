@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from attnkit.config import PAD_ID, TransformerConfig
+from attnkit.models.seq2seq import Seq2Seq
 from attnkit.nn import (
     ConcatHeadsAttention,
     DecoderLayer,
@@ -110,7 +111,7 @@ def removed_parts(c: TransformerConfig) -> list[str]:
             if getattr(c, name) != value]
 
 
-class Transformer(nn.Module):
+class Transformer(Seq2Seq):
     kind = "transformer"
 
     def __init__(self, config: TransformerConfig):
@@ -216,7 +217,7 @@ class Transformer(nn.Module):
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src))[0]
 
-    def states(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) -> the output layer's input (B, T, D): `forward` but for `project`."""
         return self.decoder_states(tgt_in, self.encode(src))[0]
 

@@ -102,7 +102,8 @@ class Distributed:
 
 class TrainingForward(nn.Module):
     """Calls `fn(model, *inputs)` as this module's forward, so DDP sees a training objective other than
-    `model.forward` (hard attention's `forward_train`) and still syncs its gradients."""
+    `model.forward` (the loss of `features` and `output_layer`, hard attention's REINFORCE term) and still syncs its
+    gradients."""
 
     def __init__(self, model: nn.Module, fn):
         super().__init__()

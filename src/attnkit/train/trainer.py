@@ -35,12 +35,13 @@ from attnkit.data.batching import Batch
 from attnkit.data.dataset import data_languages
 from attnkit.decode.translator import Translator
 from attnkit.eval import TokenizerChoice, bleu_tokenizer, translate_and_score
+from attnkit.models.seq2seq import Seq2Seq
 from attnkit.nn.float32_attention import float32_products
 from attnkit.nn.linear import stable_rows
 from attnkit.runtime import autocast, kernel_builds_costly
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
-from attnkit.train.losses import label_smoothed_nll, projected_label_smoothed_nll
+from attnkit.train.losses import projected_label_smoothed_nll
 from attnkit.train.precision import PROBE_BATCHES, Passes, probe_parts
 
 
@@ -57,37 +58,20 @@ class TrainState:
     processes: int = 1  # the world size it trained with: train.accumulate x processes is what a resume keeps
 
 
-def training_forward(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | float]:
-    """Logits (B, T, V) and an auxiliary loss, summed over target tokens like the likelihood.
-
-    A model with a training-only objective beside the likelihood (hard attention's REINFORCE term)
-    defines `forward_train(src, tgt_in, tgt_out) -> (logits, aux)`; for the others aux is 0. The term is
-    optimised but not part of the logged loss / nll, which stay comparable across models.
-    """
-    if hasattr(model, "forward_train"):
-        return model.forward_train(batch.src, batch.tgt_in, batch.tgt_out)
-    return model(batch.src, batch.tgt_in), 0.0
+def model_losses(model: Seq2Seq, batch: Batch, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The label-smoothed loss and the NLL of `batch`, summed over target tokens: the model's `features` go to the
+    loss with its `output_layer`, which makes the (tokens x vocabulary) logits a chunk at a time and never whole, for
+    the real tokens only (losses.projected_label_smoothed_nll; its peak memory: benchmarks/loss_memory.py)."""
+    return projected_label_smoothed_nll(model.features(batch.src, batch.tgt_in), *model.output_layer(),
+                                        batch.tgt_out, epsilon, PAD_ID)
 
 
-def model_losses(model: torch.nn.Module, batch: Batch, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The label-smoothed loss and the NLL of `batch` under `model(src, tgt_in)`, summed over target tokens. A model
-    with an `output_layer` (the Transformer, the RNN encoder-decoders) hands its input `states` to the loss, which makes
-    the (tokens x vocabulary) logits a chunk at a time and never whole, for the real tokens only
-    (losses.projected_label_smoothed_nll, which lowers a step's peak memory: benchmarks/loss_memory.py)."""
-    if hasattr(model, "output_layer"):
-        return projected_label_smoothed_nll(model.states(batch.src, batch.tgt_in), *model.output_layer(),
-                                            batch.tgt_out, epsilon, PAD_ID)
-    return label_smoothed_nll(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon, PAD_ID)
-
-
-def training_losses(model: torch.nn.Module, batch: Batch, epsilon: float
+def training_losses(model: Seq2Seq, batch: Batch, epsilon: float
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
-    """What an update minimises: `model_losses`, or for a model with a training-only objective (`training_forward`)
-    the losses of its logits, and the auxiliary term beside them."""
-    if hasattr(model, "forward_train"):
-        logits, aux = training_forward(model, batch)
-        return (*label_smoothed_nll(logits, batch.tgt_out, epsilon, PAD_ID), aux)
-    return (*model_losses(model, batch, epsilon), 0.0)
+    """What an update minimises: `model_losses` of the model's `training_features`, and the term it optimises
+    beside the likelihood (hard attention's REINFORCE; 0 for the others), which the logged loss leaves out."""
+    features, aux = model.training_features(batch.src, batch.tgt_in, batch.tgt_out)
+    return (*projected_label_smoothed_nll(features, *model.output_layer(), batch.tgt_out, epsilon, PAD_ID), aux)
 
 
 class Trainer(TrainerBase):
