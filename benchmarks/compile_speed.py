@@ -1,7 +1,7 @@
 """Does `torch.compile` pay for itself in a recipe's budget? Each recipe of benchmarks/train_profile.py trained on its
 real data and batches for the same updates with `train.compile` off and on: docs/speed.md's compile table.
 
-    python benchmarks/compile_speed.py --out benchmarks/results/compile [--recipes multi30k ...] [--steps 40]
+    python benchmarks/compile_speed.py --out runs/compile [--recipes multi30k ...] [--steps 40]
         [--set train.device=cuda ...]
 
 Per recipe and setting: every update's wall time; the first `--warmup` updates hold the compilations (the first
@@ -9,7 +9,7 @@ shape, then the dynamic graph for the shapes after it), the next `--steps` are t
 steady tokens/s of each, the speed-up, the compile time (the warm-up's wall time beyond what the same updates take in
 the steady state) and the break-even: the updates after which the compiled run has caught up (compile time ÷ the
 time a compiled update saves), to set beside the recipe's budget in updates; where compiling fails, the error's first
-line. Writes OUT/compile.md and .json.
+line. Writes OUT/compile.md and .json; benchmarks/results/speed/compile.md keeps the table.
 """
 
 from __future__ import annotations

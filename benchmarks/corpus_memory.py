@@ -1,6 +1,6 @@
 """Peak memory of preparing and training against corpus size: the growth must be flat.
 
-    python benchmarks/corpus_memory.py --out benchmarks/results/scale [--sizes 1 4 16] [--steps 50]
+    python benchmarks/corpus_memory.py --out runs/scale [--sizes 1 4 16] [--steps 50]
 
 Corpora: Multi30k's training pairs (translation) and WikiText-2's training text (LM) from ../shared/data, each
 written k times over (k = --sizes) into a scratch folder. For each k: `attnkit prepare` / `attnkit lm prepare`, then

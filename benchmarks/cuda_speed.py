@@ -3,10 +3,9 @@ bench's PyTorch peer), with the peak GPU memory beside every figure.
 
     python benchmarks/cuda_speed.py [--json FILE]    # on a machine with a CUDA GPU (benchmarks/cuda.sh runs it)
 
-- training: the bench's full steps (bench.measure: zero_grad .. Adam step, label-smoothed cross-entropy; the
-  figures of 2026-11-26 in docs/speed.md were taken with fused Adam) at the workload's batch (64 x 24)
-  and at a GPU-sized one (1,024 x 24 = 24,576 target tokens), float32 with TF32 products and bf16 autocast;
-  5 warm-up steps, the median of 20;
+- training: the bench's full steps (bench.measure: zero_grad .. Adam step, label-smoothed cross-entropy) at the
+  workload's batch (64 x 24) and at a GPU-sized one (1,024 x 24 = 24,576 target tokens), float32 with TF32
+  products and bf16 autocast; 5 warm-up steps, the median of 20;
 - decoding: exactly 24 new tokens per source, greedy over 64 sources and beam 5 over 16 (the workload's shapes),
   and greedy over 1,024 sources; one warm-up, the median of 3.
 Each figure comes from the same process, toolkits taking turns per shape; every timed call ends with a

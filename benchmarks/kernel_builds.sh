@@ -8,8 +8,7 @@
 #   bash benchmarks/kernel_builds.sh multi30k runs/multi30k/data 32
 set -euo pipefail
 preset=${1:?preset}; data=${2:?prepared data folder}; shift 2
-. "$(dirname "$0")/results/recipes/commit-data.sh"  # train_verb
-read -ra cmd <<< "$(train_verb "$preset")"; [ "${cmd[0]}" = lm ] && cmd+=(--train.eval_interval=100000)  # no evaluation
+cmd=(train); case "$preset" in lm-*) cmd=(lm train --train.eval_interval=100000) ;; esac  # an LM: no evaluation
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 builds() {  # CAP STEPS: "<kernels built> <ms building> <products run>" over the whole run
     ONEDNN_VERBOSE=all ONEDNN_PRIMITIVE_CACHE_CAPACITY=$1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \

@@ -1,7 +1,7 @@
 """The label-smoothed loss over the vocabulary: peak memory and time of one forward + backward, chunked (attnkit's
 `label_smoothed_nll`) against the plain autograd path over a whole log-softmax (what it replaced); then the output
 layer and the loss together, from its input h (N, --dim) and weights W (V, --dim): the logits made whole and the
-chunked loss over them (how training ran until 2026-12-01) against `projected_label_smoothed_nll`, which makes them a
+chunked loss over them against `projected_label_smoothed_nll`, which makes them a
 chunk at a time (bf16: autocast over float32 h and W, as in training).
 
     python benchmarks/loss_memory.py [--tokens 4096] [--vocab 8000] [--dim 256] [--runs 5]

@@ -1,5 +1,5 @@
-"""The LSTM LM's layers on a CPU: `nn.LSTM`'s own multi-layer call, batch-first with its dropout between layers (how
-`LSTMLM` ran them until 2026-12-01), against `LSTMLM.run_layers`, the same cells a layer at a time, time-major, with
+"""The LSTM LM's layers on a CPU: `nn.LSTM`'s own multi-layer call, batch-first with its dropout between layers (the
+plain path), against `LSTMLM.run_layers`, the same cells a layer at a time, time-major, with
 attnkit's dropout between them (attnkit.models.rnn_lm).
 
     python benchmarks/lstm_layers.py [--batch 32] [--steps 128] [--dim 256] [--layers 4] [--dropout 0.1] [--rounds 20]

@@ -20,8 +20,9 @@ Load, on a server with the default settings:
 4. reports throughput, p50 / p99 latency, the server's peak resident memory during that phase (sampled every 20 ms
    from /proc), and the answers that differ from the expected ones (must be 0).
 
-Faults, on a second server started with --max-queue 1 --request-timeout-s 2 (the settings of the report in #37;
-a language model's also with --max-output-tokens 1000, so that a stream outlasts the limit even on a small model):
+Faults, on a second server started with --max-queue 1 --request-timeout-s 2 (a small queue and a short limit, so
+that both refusals happen; a language model's also with --max-output-tokens 1000, so that a stream outlasts the
+limit even on a small model):
 5. every route (/translate and /explore; /generate and /explore) gets a burst of B concurrent requests as long as
    the caps allow (the model busy for longer than the limit); each answer must be 200, 503 or 504, a 503 must come
    at once (within 1 s), no answer may take more than the limit + 1 s (a stream running at the limit ends with an

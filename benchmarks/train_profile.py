@@ -1,12 +1,13 @@
 """Where a training step's time goes, by category, for each recipe on its real batches: docs/speed.md's profile.
 
-    python benchmarks/train_profile.py --out benchmarks/results/profile [--recipes demo multi30k ...] [--steps 20]
+    python benchmarks/train_profile.py --out runs/profile [--recipes demo multi30k ...] [--steps 20]
 
 Each recipe trains on its own corpus (prepared into --scratch when missing, from ../shared/data, as docs/results.md
 prepares it; the demo's from its generated number corpus) with its preset's batches, precision and optimizer:
 --warmup updates, then --steps updates under torch.profiler (CPU). Every operator's own time goes to the first
 category that its name, or the name of the nearest enclosing range, matches (CATEGORIES, in order); the loss's and
-the optimizer's ranges are named by the code (`label_smoothed_nll` is wrapped here, torch names `Optimizer.step`);
+the optimizer's ranges are named by the code (the loss's autograd functions, `_SoftmaxCrossEntropy` and
+`_ProjectedCrossEntropy`, by their class names; torch names `Optimizer.step`);
 backward operators sit under autograd's node of the forward operator (e.g. `MmBackward0`). "Python and the rest" is
 the wall time of the steps that no operator accounts for: the interpreter, the batches' assembly, the profiler's
 own cost. Then a few updates under torch's FLOP counter (matrix products, attention and the LSTM's fused cells,
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnkit import config as cfgmod
@@ -37,7 +38,6 @@ from attnkit import runtime
 from attnkit.bench.measure import STEP_FLOPS, matmul_peak
 from attnkit.bench.workloads import STANDARD
 from attnkit.demo import PRESETS as DEMO_PRESETS
-from attnkit.train import trainer as seq2seq_trainer
 from attnkit.train.lm_trainer import LMTrainer
 from attnkit.train.trainer import Trainer
 
@@ -169,19 +169,6 @@ def profile_recipe(recipe: str, scratch: Path, warmup: int, steps: int, counted:
             "other_operators": {k: v / wall for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:8]}}
 
 
-def _wrap_loss() -> None:
-    """The seq2seq losses as named ranges (the LM models compute theirs inside the forward, named by their ops); the
-    output layer's products inside the projected one still count as matrix products (an operator's own name first)."""
-    for name in ("label_smoothed_nll", "projected_label_smoothed_nll"):
-        loss = getattr(seq2seq_trainer, name)
-
-        def named(*args, loss=loss, name=name, **kwargs):
-            with record_function(name):
-                return loss(*args, **kwargs)
-
-        setattr(seq2seq_trainer, name, named)
-
-
 def table(rows: list[dict]) -> str:
     names = [*CATEGORIES, "other operators", "Python and the rest"]
     out = ["| recipe | precision | step (ms) | tokens a step | " + " | ".join(names) + " |",
@@ -246,7 +233,6 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
-    _wrap_loss()
     rows = each_recipe(args.recipes, "train-profile",
                        lambda r: profile_recipe(r, args.scratch, args.warmup, args.steps))
     write_results(args.out, "train-profile", rows, table(rows))
