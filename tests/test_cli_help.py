@@ -72,6 +72,15 @@ def test_version_and_top_level_description(capsys):
     assert code == 0 and out.splitlines()[2].startswith("attnkit trains, runs, measures and explains attention")
 
 
+def test_every_top_level_name_of_the_python_api_resolves():
+    """`attnkit.Trainer` and the other names `import attnkit` offers load on first use, each the real object."""
+    import attnkit
+
+    for name in attnkit.__all__:
+        value = getattr(attnkit, name)
+        assert getattr(value, "__name__", name) == name, name
+
+
 def test_help_of_every_verb_imports_no_torch():
     """In a fresh interpreter: the top-level help and every verb's help, and still no torch (nor numpy)."""
     verbs = [list(path[1:]) for path, _ in parsers(build_parser()[0])]

@@ -20,7 +20,7 @@ _EXPORTS = {
     "greedy_search": "attnkit.decode",
     "score_corpus": "attnkit.eval",
     "Transformer": "attnkit.models",
-    "Trainer": "attnkit.train",
+    "Trainer": "attnkit.train.trainer",
 }
 
 __all__ = sorted(_EXPORTS)

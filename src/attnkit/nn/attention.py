@@ -120,7 +120,8 @@ def _short(q: torch.Tensor, k: torch.Tensor) -> bool:
     SDPA's CPU kernel works in blocks of queries and keys, with a fixed cost per (batch, head) that small
     blocks do not repay: up to 4096 (query, key) pairs per head (beam search's cross-attention, the MT
     workload's self-attention) the explicit products win, from about 128 x 128 SDPA does, and at one query
-    they are level (benchmarks/decode_profile.py splits a decoding run's time by operator).
+    they are level (`attnkit bench --workloads mt-greedy mt-beam5` times both searches; tests/test_attention.py checks
+    the two paths agree).
     """
     return q.size(2) > 1 and q.size(2) * k.size(2) <= 4096
 

@@ -7,7 +7,7 @@ autocast, float32 (or bf16 where oneDNN has it), a Parameter weight. The `Packed
 the weight's version counter or storage changes; a fused optimiser step or a write through `.data` does not bump the
 counter, so a cache belongs to weights fixed while it lives (a search's, a `Translator`'s). Results agree with
 `F.linear` to float32 rounding; the price is one more copy of each weight. tests/test_linear.py checks the
-equivalence; benchmarks/decode_profile.py and `attnkit bench --workloads mt-greedy mt-beam5` measure the gain.
+equivalence; `attnkit bench --workloads mt-greedy mt-beam5` measures the gain.
 
 `PackedWeights(int8=True)` keeps int8 copies instead: weight rows quantised symmetrically with a scale each, the
 input to uint8 with one scale per call, through PyTorch's dynamic quantisation kernels (fbgemm / oneDNN: AVX2,
