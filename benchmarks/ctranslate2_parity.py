@@ -18,7 +18,7 @@ import torch
 
 from attnkit.data import read_lines
 from attnkit.decode import DecodeOptions, Translator
-from attnkit.export import CT2Translator
+from attnkit.formats import CT2Translator
 
 SETTINGS = [  # (label, options, with alignments)
     ("greedy", dict(beam=1), True),

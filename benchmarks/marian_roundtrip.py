@@ -25,8 +25,8 @@ from attnkit.checkpoint import save_checkpoint
 from attnkit.data import read_lines
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.eval import score_corpus
-from attnkit.export.ct2_translator import CT2Translator
-from attnkit.export.ctranslate2 import export_checkpoint
+from attnkit.formats.ct2_translator import CT2Translator
+from attnkit.formats.ctranslate2 import export_checkpoint
 from attnkit.formats.marian import export_marian, import_marian
 
 SEARCHES = {"greedy": DecodeOptions(), "beam 5": DecodeOptions(beam=5, len_penalty=1.0)}

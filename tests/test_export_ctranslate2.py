@@ -24,8 +24,8 @@ from attnkit.data import prepare, read_lines  # noqa: E402
 from attnkit.decode import DecodeOptions, Translator  # noqa: E402
 from attnkit.decode.scoring import score_targets  # noqa: E402
 from attnkit.errors import AttnkitError, ConfigError  # noqa: E402
-from attnkit.export import CT2Translator, export_checkpoint, save_ctranslate2  # noqa: E402
-from attnkit.export import ctranslate2 as ct2_export  # noqa: E402
+from attnkit.formats import CT2Translator, export_checkpoint, save_ctranslate2  # noqa: E402
+from attnkit.formats import ctranslate2 as ct2_export  # noqa: E402
 from attnkit.models import Transformer  # noqa: E402
 from attnkit.train.trainer import Trainer  # noqa: E402
 from conftest import tiny_model_config  # noqa: E402
@@ -302,7 +302,7 @@ def test_a_language_model_is_refused_as_what_it_is_not_for_a_missing_tokenizer(t
 
 
 def test_ctranslate2_is_imported_only_when_used(monkeypatch):
-    script = ("import contextlib, io, sys\nimport attnkit.export\nfrom attnkit.cli.main import main\n"
+    script = ("import contextlib, io, sys\nimport attnkit.formats\nfrom attnkit.cli.main import main\n"
               "with contextlib.redirect_stdout(io.StringIO()):\n    main(['export', '--help'])\n"
               "assert 'ctranslate2' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

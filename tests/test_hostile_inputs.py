@@ -346,7 +346,7 @@ def test_loading_an_export_keeps_torch_threads(exported):
     work after it ran on every core (on a busy machine ten times slower) whatever its caller had chosen."""
     import torch
 
-    from attnkit.export import CT2Translator
+    from attnkit.formats import CT2Translator
 
     assert torch.get_num_threads() == 1  # one_thread
     CT2Translator.from_dir(exported, device="cpu")

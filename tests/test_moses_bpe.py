@@ -181,7 +181,7 @@ def test_a_fairseq_model_with_bpe_codes_imports_scores_and_translates_as_fairseq
     int8 = Translator.from_checkpoint(path, device="cpu", quantize="int8").translate(ENGLISH[:6], beam=2)
     assert all(o.text == translator.tgt_tok.decode([o.tokens])[0] for o in int8)  # the int8 path decodes the same way
     pytest.importorskip("ctranslate2")
-    from attnkit.export import CT2Translator, export_checkpoint
+    from attnkit.formats import CT2Translator, export_checkpoint
 
     exported = export_checkpoint(path, tmp_path / "ct2")
     stored = load_checkpoint(path).tokenizers  # Moses by each side's language: two tokenizers

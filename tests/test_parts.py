@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from attnkit.config import BOS_ID, PAD_ID
 from attnkit.decode import beam_search, greedy_search
 from attnkit.errors import ConfigError
-from attnkit.export.ctranslate2 import transformer_spec
+from attnkit.formats.ctranslate2 import transformer_spec
 from attnkit.models import Transformer
 from attnkit.models.transformer import removed_parts
 from attnkit.nn.norms import TokenBatchNorm

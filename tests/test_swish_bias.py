@@ -226,7 +226,7 @@ def swish_export(data_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("options", [dict(beam=1), dict(beam=3, nbest=2)], ids=str)
 def test_ctranslate2_export_of_swish_and_output_bias_translates_as_attnkit(swish_export, corpus_files, options):
-    from attnkit.export import CT2Translator
+    from attnkit.formats import CT2Translator
     from test_export_ctranslate2 import assert_same
 
     ckpt, out = swish_export

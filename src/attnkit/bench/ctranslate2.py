@@ -3,7 +3,7 @@
 CTranslate2 is OpenNMT's C++ inference engine, what people deploy translation models with on CPUs. Its
 model is attnkit's Transformer at the workload's shape (random weights, post-LN, ReLU, sinusoidal
 positions, one shared embedding table tied with the output projection) written by `attnkit export
---format ctranslate2` (`attnkit.export.ctranslate2.save_ctranslate2`), so both engines run the same
+--format ctranslate2` (`attnkit.formats.ctranslate2.save_ctranslate2`), so both engines run the same
 network; variant "int8" loads it with `compute_type="int8"` (CTranslate2 quantises the weights at load
 time, per row, and the activations per row and product). `intra_threads` is the workload's thread count,
 and exactly N new tokens come from `min_decoding_length = max_decoding_length = N`.
@@ -55,7 +55,7 @@ def ct2_build(compute_type: str):
     def build(s: MTShape) -> Engine:
         import ctranslate2
 
-        from attnkit.export.ctranslate2 import save_ctranslate2
+        from attnkit.formats.ctranslate2 import save_ctranslate2
 
         model, vocab = attnkit_mt_build(s).eval(), vocabulary(s.vocab)
         folder = tempfile.mkdtemp(prefix="attnkit-bench-ct2-")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from attnkit.cli.options import add_checkpoint_option
 from attnkit.errors import AttnkitError
 
-# attnkit.export.ctranslate2.QUANTIZATIONS, spelled out here so that `--help` imports neither torch nor ctranslate2
+# attnkit.formats.ctranslate2.QUANTIZATIONS, spelled out here so that `--help` imports neither torch nor ctranslate2
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
 FORMATS = ("ctranslate2", "huggingface")
 
@@ -70,7 +70,7 @@ def cmd_export(args, overrides: list[str]) -> None:
               f"MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained, or import it back with: "
               f"attnkit import --from marian {out} --out MODEL.safetensors")
         return
-    from attnkit.export.ctranslate2 import export_checkpoint, require_ctranslate2  # imports torch
+    from attnkit.formats.ctranslate2 import export_checkpoint, require_ctranslate2  # imports torch
 
     require_ctranslate2()
     out = export_checkpoint(checkpoint, args.out, args.quantization, force=args.force)

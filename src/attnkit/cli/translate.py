@@ -187,7 +187,7 @@ def cmd_translate(args, overrides: list[str]) -> None:
 def check_model(args) -> None:
     """What can be checked of --checkpoint before anything slow: a checkpoint's header, or an export's files."""
     if args.engine == "ctranslate2":
-        from attnkit.export import check_export, require_ctranslate2
+        from attnkit.formats import check_export, require_ctranslate2
 
         if len(args.checkpoint) > 1:
             raise AttnkitError("--engine ctranslate2 translates with one export folder; ensembles of several "
@@ -209,7 +209,7 @@ def load_translator(args):
     if args.engine == "ctranslate2":
         if args.target_tag:
             raise AttnkitError("--target-tag runs with --engine attnkit, not with a CTranslate2 export")
-        from attnkit.export import CT2Translator
+        from attnkit.formats import CT2Translator
 
         return CT2Translator.from_dir(args.checkpoint[0], device=args.device,
                                       compute_type="int8" if args.quantize == "int8" else "default")

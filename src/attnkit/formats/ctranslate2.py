@@ -2,7 +2,7 @@
 
 `export_checkpoint` writes a folder CTranslate2 loads (`model.bin`, `config.json`, the vocabularies: the pieces of
 attnkit's sentencepiece model by id) plus the sentencepiece model(s) and `attnkit.json` (which tokenizer files and
-decoding defaults go with it); `CT2Translator.from_dir(folder)` (`attnkit.export.ct2_translator`) translates with
+decoding defaults go with it); `CT2Translator.from_dir(folder)` (`attnkit.formats.ct2_translator`) translates with
 one as `attnkit.decode.Translator` does. docs/ctranslate2.md tells what is exported and how the scores map.
 
 How the weights map onto CTranslate2's `TransformerSpec`: the packed [q; k; v] input projection of a
@@ -35,7 +35,7 @@ from attnkit.config import BOS_ID, EOS_ID, UNK_ID, family
 from attnkit.data.moses_bpe import MAGIC as MOSES_BPE
 from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError
-from attnkit.export.ct2_translator import FORMAT, META_FILE, VERSION, CT2Translator, check_export, require_ctranslate2
+from attnkit.formats.ct2_translator import FORMAT, META_FILE, VERSION, CT2Translator, check_export, require_ctranslate2
 from attnkit.io import atomic_folder, ensure_new_output
 from attnkit.models import Transformer
 from attnkit.models.transformer import removed_parts

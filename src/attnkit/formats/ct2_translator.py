@@ -1,4 +1,4 @@
-"""Translating with a CTranslate2 export of an attnkit Transformer (`attnkit.export.ctranslate2` writes them).
+"""Translating with a CTranslate2 export of an attnkit Transformer (`attnkit.formats.ctranslate2` writes them).
 
 `CT2Translator.from_dir(folder).translate(sentences, options)` answers as `attnkit.decode.Translator` does, with
 the same tokenisation, `Translation`s, scores and ranking. How attnkit's search maps onto CTranslate2's:
