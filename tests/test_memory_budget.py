@@ -77,7 +77,7 @@ def test_a_beam_that_cannot_fit_is_refused_before_it_runs(translator, sources):
 
 def test_the_translate_command_says_so_in_one_line(trained, tmp_path, monkeypatch, capsys):
     from attnkit.cli.main import main
-    from attnkit.decode import translator as module
+    from attnkit.decode import memory as module  # where the default budget reads the available memory
 
     monkeypatch.setattr(module, "available_memory", lambda device: 128 * 2**20)  # a small machine
     src = tmp_path / "in.txt"

@@ -87,8 +87,8 @@ def cmd_import(args, overrides: list[str]) -> None:
               f"of {t.tgt_len}, memory {t.mem_len}{f', clamp_len {t.clamp_len}' if t.clamp_len else ''}"
               f"{', same_length' if c.same_length else ''}); try: attnkit lm generate --checkpoint {args.out}")
         return
+    from attnkit.data.target_tags import target_tags
     from attnkit.data.tokenizer_kinds import tokenizer_from_bytes
-    from attnkit.decode.translator import target_tags
     from attnkit.formats import import_fairseq, import_marian  # imports torch
 
     if args.source_format == "fairseq":

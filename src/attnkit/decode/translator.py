@@ -1,11 +1,14 @@
-"""The Python API for translating text with a trained checkpoint."""
+"""The Python API for translating text with a trained checkpoint.
+
+`Translator.from_checkpoint(path)` loads the model and its tokenizers; `translate(sentences, DecodeOptions(...))`
+encodes the sources (after a Marian target-language tag where there is one, `attnkit.data.target_tags`), runs
+greedy search, beam search or sampling over batches cut to a memory budget (`attnkit.decode.memory`) and builds
+one `Translation` per source; `score` is forced decoding of given targets.
+"""
 
 from __future__ import annotations
 
-import difflib
-import math
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,72 +17,19 @@ import torch
 from attnkit.checkpoint import check_same_tokenizers, load_checkpoint, model_from
 from attnkit.config import TransformerConfig
 from attnkit.data.batching import collate
+from attnkit.data.target_tags import TargetTags
 from attnkit.data.text import check_unicode
 from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.decode.beam import beam_search
 from attnkit.decode.ensemble import Ensemble
 from attnkit.decode.greedy import greedy_search, sample
-from attnkit.decode.memory import SearchShape, gigabytes, search_bytes
+from attnkit.decode.memory import SearchShape, default_budget, plan_batches, search_bytes
+from attnkit.decode.options import DecodeOptions, Translation, pad_nbest, usable_quantization
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
-from attnkit.nn import PackedWeights, int8_unavailable, prepacked
-from attnkit.runtime import available_memory, resolve_device
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """How to search. beam 1 = greedy; sampling=True draws instead (temperature, top-k, top-p, seed)."""
-
-    beam: int = 1
-    nbest: int = 1
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    len_penalty: float = 1.0  # alpha; beam search ranks by score / penalty(length)
-    len_style: str = "length"  # length: |Y|^alpha | gnmt: ((5 + |Y|) / 6)^alpha
-    min_len: int = 0
-    max_len_a: float | None = None  # None: the checkpoint's training setting
-    max_len_b: int | None = None
-    max_len: int = 0  # at most this many output tokens whatever the source length (0: a * |src| + b alone)
-    no_repeat_ngram: int = 0
-    attention_layer: int = -1
-
-    def __post_init__(self) -> None:
-        if self.beam < 1 or self.nbest < 1:
-            raise ConfigError("--beam and --nbest must be at least 1")
-        if self.nbest > self.beam and not self.sampling:
-            raise ConfigError(f"--nbest {self.nbest} needs --beam of at least {self.nbest}")
-        if self.len_style not in ("length", "gnmt"):
-            raise ConfigError(f"--len-style must be length or gnmt, not {self.len_style!r}")
-        if not 0.0 < self.top_p <= 1.0 or not self.temperature > 0 or self.top_k < 0:
-            raise ConfigError("sampling needs temperature > 0, top_k >= 0 and 0 < top_p <= 1")
-        if min(self.min_len, self.no_repeat_ngram, self.max_len) < 0:
-            raise ConfigError("--min-len, --max-len and --no-repeat-ngram must not be negative")
-        if not all(math.isfinite(x) for x in (self.len_penalty, self.temperature, self.max_len_a or 0.0)):
-            raise ConfigError("--lenpen, --temperature and --max-len-a must be finite numbers")
-
-
-@dataclass
-class Translation:
-    source: str
-    text: str
-    score: float  # summed log-probability of the output (EOS included)
-    src_pieces: list[str]
-    tgt_pieces: list[str]
-    attention: torch.Tensor | None = None  # (len(tgt_pieces)+1, H, S): cross-attention of the chosen layer
-    norm_score: float = 0.0  # the score the search ranked by
-    nbest: list[Translation] = field(default_factory=list)  # the other hypotheses, best first
-    tokens: list[int] = field(default_factory=list)  # the output's ids, without BOS and EOS
-
-    @property
-    def alignment(self) -> list[int]:
-        """For each target piece, the source position it attends to most (heads averaged)."""
-        if self.attention is None:
-            raise ValueError("translate with need_attention=True to get alignments")
-        return self.attention[: len(self.tgt_pieces)].mean(1).argmax(-1).tolist()
+from attnkit.nn import PackedWeights, prepacked
+from attnkit.runtime import resolve_device
 
 
 class Translator:
@@ -105,48 +55,25 @@ class Translator:
         self.max_src_len = model.config.max_positions - 1  # room for the source EOS
         self.quantize = usable_quantization(quantize, self.device)
         self.packed = PackedWeights(int8=self.quantize == "int8")
-        self._tags: dict[str, int] | None = None  # read from the vocabulary when first needed
-        self.target_tag = target_tag
+        self.lang_tags = TargetTags(src_tok, target_tag)  # MarianTokenizer's rule (attnkit.data.target_tags)
 
     @property
     def tags(self) -> dict[str, int]:
         """The target-language tags the source vocabulary holds: {"cmn_Hans": the id of >>cmn_Hans<<}."""
-        if self._tags is None:
-            self._tags = target_tags(self.src_tok)
-        return self._tags
+        return self.lang_tags.ids
 
     @property
     def target_tag(self) -> str | None:
-        return self._target_tag
+        """The tag put before every source that has none; a tag the vocabulary lacks is a one-line ConfigError."""
+        return self.lang_tags.default
 
     @target_tag.setter
     def target_tag(self, tag: str | None) -> None:
-        """The tag put before every source that has none; a tag the vocabulary lacks is a one-line ConfigError."""
-        self._tag_id = None if tag is None else self.tag_id(tag)
-        self._target_tag = tag
+        self.lang_tags.default = tag
 
     def tag_id(self, tag: str) -> int:
         """The id of a target-language tag, named as `cmn_Hans` or `>>cmn_Hans<<`."""
-        name = tag[2:-2] if _is_tag(tag) else tag
-        if name in self.tags:
-            return self.tags[name]
-        if not self.tags:
-            raise ConfigError(f"target tag {tag!r}: this model's vocabulary holds no target-language tags "
-                              "(>>xx<< pieces): it translates into one language")
-        known = sorted(self.tags)
-        close = difflib.get_close_matches(name, known, n=1)
-        raise ConfigError(f"target tag {tag!r} is not in this model's vocabulary (it knows {len(known)}: "
-                          f"{', '.join(known[:8])}{', ...' if len(known) > 8 else ''})"
-                          f"{f'; did you mean {close[0]!r}?' if close else ''}")
-
-    def _split_tag(self, text: str) -> tuple[str, int | None]:
-        """(the text to tokenize, the id of the tag its source starts with, or None). As MarianTokenizer reads a
-        source, a leading >>tag<< is cut off the text; here only a tag the vocabulary holds."""
-        if text.startswith(">>"):
-            end = text.find("<<")
-            if end != -1 and text[2:end] in self.tags:
-                return text[end + 2:], self.tags[text[2:end]]
-        return text, self._tag_id
+        return self.lang_tags.id(tag)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", quantize: str | None = None, *,
@@ -176,11 +103,8 @@ class Translator:
         line number when it translates line by line). A text that is not Unicode (a lone surrogate) is refused in one
         line naming the input."""
         check_unicode(sentences, number_from)
-        texts, tags = zip(*map(self._split_tag, sentences)) if sentences else ((), ())
         ids = []
-        for i, ids_i, tag in zip(range(number_from, number_from + len(texts)), self.src_tok.encode(list(texts)), tags):
-            if tag is not None:
-                ids_i = [tag, *ids_i]
+        for i, ids_i in enumerate(self.lang_tags.encode(sentences), start=number_from):
             if len(ids_i) > self.max_src_len:
                 warnings.warn(f"input {i} has {len(ids_i)} tokens; truncated to {self.max_src_len}", stacklevel=3)
                 ids_i = ids_i[: self.max_src_len]
@@ -242,15 +166,12 @@ class Translator:
         opts = options or DecodeOptions(**kw)
         self._check_request(sentences, prefixes, opts, need_attention)
         src_ids = self.encode_sources(sentences, number_from)
-        lengths = [len(s) + 1 for s in src_ids]  # with EOS
-        order = sorted(range(len(sentences)), key=lambda i: lengths[i])
-        if memory_budget is None:
-            available = available_memory(self.device)
-            memory_budget = available // 2 if available else 0
+        budget = default_budget(self.device) if memory_budget is None else memory_budget
+        knob = ("--nbest", opts.nbest) if opts.sampling else ("--beam", opts.beam)
         results: list[Translation | None] = [None] * len(sentences)
-        batches = [part for group in _batches(order, lengths, batch_size, max_tokens)
-                   for part in self._fit(group, lengths, opts, need_attention, memory_budget)]
-        for idx in batches:
+        for idx in plan_batches([len(s) + 1 for s in src_ids],  # with EOS
+                                lambda n, src_len: self.search_bytes(n, src_len, opts, need_attention),
+                                batch_size=batch_size, max_tokens=max_tokens, budget=budget, knob=knob):
             batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(self.device)
             with prepacked(self.packed):
                 nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
@@ -270,21 +191,6 @@ class Translator:
                            expand=opts.nbest if opts.sampling else opts.beam, src_len=src_len,
                            out_len=min(int(src_len * a + b), cap), need_attention=need_attention)
         return one * (len(self.model) if isinstance(self.model, Ensemble) else 1)  # each member searches alike
-
-    def _fit(self, idx: list[int], lengths: list[int], opts: DecodeOptions, need_attention: bool,
-             budget: int) -> list[list[int]]:
-        """`idx` cut in halves until each part's search fits in `budget` bytes (0: no limit)."""
-        need = self.search_bytes(len(idx), max(lengths[i] for i in idx), opts, need_attention)
-        if not budget or need <= budget:
-            return [idx]
-        if len(idx) == 1:
-            flag = "--nbest" if opts.sampling else "--beam"
-            raise ConfigError(f"{flag} {opts.nbest if opts.sampling else opts.beam} needs about {gigabytes(need)} "
-                              f"for one sentence of {lengths[idx[0]]} tokens, more than the {gigabytes(budget)} it "
-                              f"may use: lower {flag}")
-        half = len(idx) // 2
-        return self._fit(idx[:half], lengths, opts, need_attention, budget) + \
-            self._fit(idx[half:], lengths, opts, need_attention, budget)
 
     def _check_request(self, sentences: list[str], prefixes: list[str] | None, opts: DecodeOptions,
                        need_attention: bool) -> None:
@@ -325,20 +231,6 @@ class Translator:
         return out
 
 
-QUANTIZATIONS = ("int8",)
-
-
-def _is_tag(piece: str) -> bool:
-    """A target-language tag as Marian's multilingual vocabularies hold them, >>cmn_Hans<< (MarianTokenizer's
-    supported_language_codes: a piece that starts with >> and ends with <<)."""
-    return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
-
-
-def target_tags(tok: Tokenizer) -> dict[str, int]:
-    """{tag name: id} of the target-language tags among a vocabulary's pieces ({} for most models)."""
-    return {piece[2:-2]: i for i, piece in enumerate(tok.pieces(list(range(tok.vocab_size)))) if _is_tag(piece)}
-
-
 def translation_checkpoint(path: str | Path):
     """The checkpoint at `path`, refused where it holds a language model."""
     ckpt = load_checkpoint(path)
@@ -346,38 +238,6 @@ def translation_checkpoint(path: str | Path):
         raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model "
                               "(language models run with `attnkit lm eval` / `lm generate`)")
     return ckpt
-
-
-def usable_quantization(quantize: str | None, device: torch.device) -> str | None:
-    """`quantize` where it runs fast on `device`; None (float32) with a warning saying why where it does not."""
-    if quantize in (None, "none", "float32"):
-        return None
-    if quantize not in QUANTIZATIONS:
-        raise ConfigError(f"quantize must be one of none, {', '.join(QUANTIZATIONS)}; got {quantize!r}")
-    why = int8_unavailable() if device.type == "cpu" else f"int8 products run on the CPU only, not on {device}"
-    if why:
-        warnings.warn(f"--quantize int8: {why}; decoding in float32 instead", stacklevel=3)
-        return None
-    return quantize
-
-
-def pad_nbest(hyps: list, n: int) -> list[Hypothesis]:
-    """Exactly n hypotheses: where constraints leave fewer paths (a forced prefix, a tiny length limit), the last
-    one found is repeated, so that `--nbest n` always prints n lines per input."""
-    return hyps[:n] + hyps[-1:] * (n - len(hyps))
-
-
-def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive groups of `order` with at most batch_size items and (if set) max_tokens padded tokens."""
-    groups, current, longest = [], [], 0
-    for i in order:
-        new_longest = max(longest, lengths[i])
-        if current and (len(current) >= batch_size or (max_tokens and new_longest * (len(current) + 1) > max_tokens)):
-            groups.append(current)
-            current, new_longest = [], lengths[i]
-        current.append(i)
-        longest = new_longest
-    return groups + ([current] if current else [])
 
 
 __all__ = ["DecodeOptions", "Translation", "Translator"]

@@ -39,9 +39,11 @@ import torch
 
 from attnkit.config import BOS_ID, EOS_ID, PAD_ID
 from attnkit.data.batching import collate
+from attnkit.data.target_tags import TargetTags
 from attnkit.data.tokenizer_kinds import Tokenizer, load_tokenizer
+from attnkit.decode.options import DecodeOptions, Translation, pad_nbest
 from attnkit.decode.search import Hypothesis, length_penalty, max_lengths
-from attnkit.decode.translator import DecodeOptions, Translation, Translator, pad_nbest
+from attnkit.decode.translator import Translator
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
 
 FORMAT = "attnkit-ctranslate2"
@@ -101,7 +103,6 @@ class CT2Translator:
 
     encode_sources = Translator.encode_sources  # the same truncation (with its warning) to the model's positions
     tags = Translator.tags  # and the same reading of a leading target-language tag (>>cmn_Hans<<)
-    _split_tag = Translator._split_tag
     output_limit = Translator.output_limit  # the same a * |src| + b and cap
     translate_texts = Translator.translate_texts
     _one_translation = Translator._translation
@@ -116,7 +117,7 @@ class CT2Translator:
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces(list(range(tgt_tok.vocab_size))))}
         self.src_eos, self.tgt_eos = src_tok.pieces([EOS_ID])[0], tgt_tok.pieces([EOS_ID])[0]
         self.banned = [tgt_tok.pieces([PAD_ID]), tgt_tok.pieces([BOS_ID])]  # never produced, as in attnkit
-        self._tags, self._tag_id = None, None  # a source's own leading tag only: no --target-tag here
+        self.lang_tags = TargetTags(src_tok)  # a source's own leading tag only: no --target-tag here
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, *, threads: int = 0, compute_type: str = "default",
