@@ -203,6 +203,39 @@ def test_cached_memory_keys_and_position_keys_equal_recomputing_them():
     torch.testing.assert_close(after_kv, expected)
 
 
+def test_the_module_keeps_no_cache_between_calls():
+    """The position keys live in the `Memory` a call returns, not on the module: two readers of different lengths
+    interleaved on one model each reuse their own (computed once per attention length) and read what recomputing
+    everything reads; a call without memory computes them; no module's __dict__ gains an entry in a forward."""
+    model = tiny(n_layers=2)
+    lengths = []  # the attention lengths S whose position keys were computed
+    model.layers[0].attn.pos_proj.register_forward_hook(lambda mod, args, out: lengths.append(args[0].size(0)))
+    attributes = {name: set(vars(module)) for name, module in model.named_modules()}
+    readers = {"a": (tokens(2, 12, seed=5), 4, 4), "b": (tokens(2, 12, seed=6), 3, 6)}  # x, segment, mem_len
+
+    def read(reuse_keys: bool) -> dict[str, torch.Tensor]:
+        mems, parts = {"a": None, "b": None}, {"a": [], "b": []}
+        for step in range(4):  # a: S = 4, 8, 8; b: S = 3, 6, 9, 9, interleaved
+            for name, (x, t, mem_len) in readers.items():
+                if step * t < x.size(1):
+                    logits, mems[name] = model(x[:, step * t : (step + 1) * t], mems[name], mem_len=mem_len,
+                                               reuse_keys=reuse_keys)
+                    parts[name].append(logits)
+        return {name: torch.cat(p, 1) for name, p in parts.items()}
+
+    with torch.no_grad():
+        cached = read(True)
+        assert lengths == [4, 3, 8, 6, 9]  # a's second S = 8 and b's second S = 9 come from their own memories
+        recomputed = read(False)
+        for name in readers:
+            torch.testing.assert_close(cached[name], recomputed[name])
+        lengths.clear()
+        model(readers["a"][0][:, :4])
+        model(readers["a"][0][:, :4])
+        assert lengths == [4, 4]  # without a memory passed back, nothing is reused
+    assert {name: set(vars(module)) for name, module in model.named_modules()} == attributes
+
+
 def test_no_position_sees_the_future_even_through_memory():
     model = tiny(n_layers=2)
     first, second = tokens(1, 6, seed=3), tokens(1, 6, seed=4)

@@ -8,9 +8,11 @@ list of L tensors (B, M, D) — the inputs of each layer over the previous segme
 that list updated with this segment and cut to the last `mem_len` positions. Memory is never stored
 on the module, so the caller decides what carries over (ordered training streams, evaluation with a
 longer memory, sampling one token at a time). `need_weights=True` adds the attention weights per layer.
-Without autograd (evaluation, sampling) the returned `Memory` also carries the memory's keys and values,
-and the position keys W_{k,R} R are kept between segments: both are what the next segment would compute
-again from unchanged weights, so a segment costs its own T positions, not M + T (exact, and tested).
+Without autograd (evaluation, sampling) the returned `Memory` also carries the memory's keys and values
+and the position keys W_{k,R} R of this call's attention length: both are what the next segment would
+compute again from unchanged weights, so a caller that passes the memory back pays for its own T positions,
+not M + T (exact, and tested). The module keeps no cache of its own: a call without memory computes
+everything, and two readers sharing one model never see each other's keys.
 `reuse_keys=False` recomputes both every segment, as the XL reference does (`attnkit lm speed --recompute`).
 `forward(x, mems, targets=y)` returns the per-token NLL (B, T) in place of the logits: training and
 evaluation take that path, which never builds (B, T, V) with the adaptive softmax. Targets shorter than x
@@ -94,15 +96,21 @@ class XLLayer(nn.Module):
 class Memory(list):
     """What `mems` holds: L tensors (B, M, D), the inputs of each layer over the last M positions.
 
-    Computed without autograd (evaluation, sampling), it also carries each layer's keys and values of
-    those positions (B, H, M, Dh), so the next segment projects only its own T positions; `key` says
-    for which weights and precision they were computed, and they are ignored when that changed.
+    Computed without autograd (evaluation, sampling), it also carries what the next segment would
+    compute again from the same weights: each layer's keys and values of those positions (B, H, M, Dh),
+    so the next segment projects only its own T positions, and `position_keys`, the (S, clamp_len)
+    this call attended over with each layer's W_{k,R} R (H, S, Dh), reused when the next call has the
+    same attention length (every segment once the memory is full). `key` says for which weights and
+    precision both were computed; they are ignored when that changed. The cache lives here, in the
+    object the caller holds, not on the module, so a reader gets exactly the reuse of the memory it
+    passes (tests/test_transformer_xl.py::test_the_module_keeps_no_cache_between_calls).
     Anything that builds its own list (or trains) simply gets them recomputed.
     """
 
-    def __init__(self, states: Mems, kv: list[KVCache] | None = None, key: tuple | None = None):
+    def __init__(self, states: Mems, kv: list[KVCache] | None = None, key: tuple | None = None,
+                 position_keys: tuple[int, int, list[torch.Tensor]] | None = None):
         super().__init__(states)
-        self.kv, self.key = kv, key
+        self.kv, self.key, self.position_keys = kv, key, position_keys
 
 
 def _rename_legacy_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
@@ -164,7 +172,6 @@ class LanguageModel(nn.Module):
 class TransformerXL(LanguageModel):
     kind = "transformer-xl"
     attends_to_memory = True
-    _position_keys: tuple | None = None  # ((cache key, S, clamp_len), L x (H, S, Dh)): see position_keys
 
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
@@ -193,14 +200,14 @@ class TransformerXL(LanguageModel):
         autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type)
         return (autocast, *((p.data_ptr(), p._version, p.dtype) for p in self.parameters()))
 
-    def position_keys(self, s: int, clamp_len: int, device: torch.device, key: tuple | None) -> list[torch.Tensor]:
-        """Per layer W_{k,R} R (H, S, Dh) for the distances S-1 .. 0; kept while `key`, S and clamp_len stay."""
-        if key is not None and self._position_keys is not None and self._position_keys[0] == (key, s, clamp_len):
-            return self._position_keys[1]
+    def position_keys(self, s: int, clamp_len: int, device: torch.device,
+                      cached: tuple[int, int, list[torch.Tensor]] | None = None) -> list[torch.Tensor]:
+        """Per layer W_{k,R} R (H, S, Dh) for the distances S-1 .. 0; `cached` (S', clamp_len', keys), a
+        memory's `position_keys` computed with the current weights, is returned when S and clamp_len match."""
+        if cached is not None and cached[:2] == (s, clamp_len):
+            return cached[2]
         pos = self.dropout(self.relative_positions(s, clamp_len, device))  # (S, D)
-        keys = [layer.attn.position_keys(pos) for layer in self.layers]
-        self._position_keys = None if key is None else ((key, s, clamp_len), keys)
-        return keys
+        return [layer.attn.position_keys(pos) for layer in self.layers]
 
     def attention_mask(self, t: int, m: int, mem_len: int, device: torch.device) -> torch.Tensor:
         """(T, S) True = may attend: causal over memory + segment; with same_length, at most mem_len keys."""
@@ -217,13 +224,15 @@ class TransformerXL(LanguageModel):
         """x (B, T) ids, mems L x (B, M, D) -> logits (B, T, V) or, given targets (B, T' <= T), the NLL (B, T')
         of the last T' positions; new mems L x (B, <= mem_len, D) (a `Memory`: the positions before the last
         ext_len) [, weights L x (B, H, T, S) when need_weights]. reuse_keys=False: the memory's keys/values and
-        the position keys are computed again, not read from the memory and the cache (the reference's cost)."""
+        the position keys are computed again, not read from the memory (the reference's cost)."""
+        key = self.cache_key(x.device) if reuse_keys else None
+        # what a memory computed by the same weights carries (even an empty one: its position keys)
+        cached = mems if isinstance(mems, Memory) and key is not None and mems.key == key else None
         mems = mems or None
         t, m = x.size(1), 0 if mems is None else mems[0].size(1)
-        key = self.cache_key(x.device) if reuse_keys else None
-        mem_kv = mems.kv if isinstance(mems, Memory) and mems.kv is not None and mems.key == key else None
+        mem_kv = None if cached is None or mems is None else cached.kv
         h = self.dropout(self.embed_tokens(x))
-        rs = self.position_keys(m + t, clamp_len, x.device, key)  # L x (H, S, Dh)
+        rs = self.position_keys(m + t, clamp_len, x.device, None if cached is None else cached.position_keys)
         mask = self.attention_mask(t, m, mem_len, x.device)
         biases = self.shared_biases()
         inputs, weights, kvs = [], [], []
@@ -236,8 +245,9 @@ class TransformerXL(LanguageModel):
         out = self.output(h, targets)
         kept = memory_span(m, t, mem_len, ext_len)
         new_mems = update_mems(mems, inputs, kept)
-        if key is not None and new_mems:  # the keys/values of exactly the positions kept
-            new_mems = Memory(new_mems, [KVCache(kv.k[:, :, kept], kv.v[:, :, kept]) for kv in kvs], key)
+        if key is not None:  # the keys/values of exactly the positions kept, and this length's position keys
+            kept_kv = [KVCache(kv.k[:, :, kept], kv.v[:, :, kept]) for kv in kvs] if new_mems else None
+            new_mems = Memory(new_mems, kept_kv, key, (m + t, clamp_len, rs))
         return (out, new_mems, weights) if need_weights else (out, new_mems)
 
 
