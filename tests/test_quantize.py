@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit.decode import DecodeOptions, Translator
-from attnkit.decode import translator as translator_module
+from attnkit.decode import options as options_module
 from attnkit.errors import ConfigError
 from attnkit.nn import int8_unavailable
 from conftest import serve_extra
@@ -39,7 +39,7 @@ def test_int8_scores_stay_close_to_float32(checkpoint):
 
 
 def test_int8_falls_back_to_float32_with_the_reason(checkpoint, monkeypatch):
-    monkeypatch.setattr(translator_module, "int8_unavailable", lambda: "this CPU has no AVX2")
+    monkeypatch.setattr(options_module, "int8_unavailable", lambda: "this CPU has no AVX2")
     with pytest.warns(UserWarning, match="this CPU has no AVX2; decoding in float32"):
         t = Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8")
     assert t.quantize is None and not t.packed.int8
