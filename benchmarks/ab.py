@@ -111,9 +111,21 @@ def checkout(spec: str, where: Path) -> Path:
     if (Path(spec) / "src" / "attnkit").is_dir():
         return Path(spec).resolve()
     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)], capture_output=True)
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--force", "--detach", str(where), spec], check=True,
-                   capture_output=True)
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--force", "--detach", str(where), spec],
+                          capture_output=True, text=True)
+    if made.returncode:
+        raise SystemExit(f"{spec}: neither a checkout's folder nor a git revision ({last_line(made.stderr)})")
     return where.resolve()
+
+
+def last_line(text: str) -> str:
+    """The last line of a command's output that says something (its error, usually)."""
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "no output")
+
+
+def failed(side: str, what: str, code: int, log: Path) -> SystemExit:
+    """The one-line error for a step of `side` that exited with `code`: its log's last line and where the log is."""
+    return SystemExit(f"{side}: {what} exited with {code}: {last_line(log.read_text(errors='replace'))} ({log})")
 
 
 def describe(tree: Path) -> str:
@@ -188,14 +200,14 @@ def run_train(tree: Path, side: str, preset: str, args, scratch: Path, fig: Figu
         data.parent.mkdir(parents=True, exist_ok=True)
         code, _ = attnkit(tree, [*prepare, "--out", str(data)], scratch / f"prepare-{side}.log")
         if code:
-            raise SystemExit(f"{side}: preparing {name} failed: {scratch / f'prepare-{side}.log'}")
+            raise failed(side, f"preparing {name}", code, scratch / f"prepare-{side}.log")
     verb = ["lm", "train"] if preset.startswith("lm-") else ["train"]
     budget = [f"--train.max_minutes={args.minutes}"] if args.minutes else [f"--train.max_steps={args.steps}"]
     out, log = scratch / f"run-{side}", scratch / f"train-{side}.log"
     code, rss = attnkit(tree, [*verb, "--config", preset, "--data", str(data), "--out", str(out), "--quiet",
                                "--force", *budget], log)
     if code:
-        raise SystemExit(f"{side}: training exited with {code}: {log}")
+        raise failed(side, "training", code, log)
     if args.minutes:
         updates, dev, key = budget_figures(out / "metrics.csv")
         fig.values[side].append(updates)
@@ -211,7 +223,7 @@ def run_bench(tree: Path, side: str, args, scratch: Path, figures: dict[str, Fig
     code, _ = attnkit(tree, ["bench", "--workloads", *args.bench, "--peers", "--dtype", args.dtype, "--json",
                              str(out), "--force"], log)
     if code:
-        raise SystemExit(f"{side}: attnkit bench exited with {code}: {log}")
+        raise failed(side, "attnkit bench", code, log)
     for line in out.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         if row["toolkit"] == "machine":

@@ -57,3 +57,12 @@ def test_a_checkout_folder_is_used_as_it_is(ab, tmp_path):
     (tmp_path / "src" / "attnkit").mkdir(parents=True)
     assert ab.checkout(str(tmp_path), tmp_path / "unused") == tmp_path.resolve()
     assert ab.prepare_args("lm-word-wt2")[0] == "wt2" and ab.prepare_args("tatoeba-en-zh")[1][2:5:2] == ["en", "zh"]
+
+
+def test_a_bad_version_or_a_failed_step_is_one_line(ab, tmp_path):
+    with pytest.raises(SystemExit, match=r"^nosuchrev: neither a checkout's folder nor a git revision \(.+\)$"):
+        ab.checkout("nosuchrev", tmp_path / "tree")
+    log = tmp_path / "train.log"
+    log.write_text("starting\nattnkit: error: unknown preset 'x'\n\n")
+    error = ab.failed("before", "training", 2, log)
+    assert str(error) == f"before: training exited with 2: attnkit: error: unknown preset 'x' ({log})"
