@@ -25,7 +25,7 @@ import torch
 
 from attnkit.bench.measure import mt_decode, mt_train_case, toolkit, train_throughput
 from attnkit.bench.workloads import MTAdapter, MTShape
-from attnkit.runtime import tf32_products
+from attnkit.cpu import training_kernels
 
 CUDA = torch.device("cuda")
 TRAIN_BATCHES = (64, 1024)
@@ -42,10 +42,11 @@ def peak_mb() -> float:
 
 
 def train(adapter: MTAdapter, s: MTShape, batch: int, dtype: str) -> dict:
-    """The bench's training step (bench.measure) on the GPU at `batch` pairs, TF32 products as attnkit trains."""
+    """The bench's training step (bench.measure) on the GPU at `batch` pairs, on the kernels attnkit trains with
+    (attnkit.cpu.training_kernels: TF32 products, attention without cuDNN's per-shape plans)."""
     torch.manual_seed(0)
     fresh_peak()
-    with tf32_products(CUDA):
+    with training_kernels(CUDA):
         got = train_throughput(mt_train_case(adapter, replace(s, train_batch=batch), CUDA), s.warmup, dtype)
     return {"tok_s": got["tok_s"], "step_ms": 1e3 * got["step_s"], "peak_mb": peak_mb()}
 

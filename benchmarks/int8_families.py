@@ -21,22 +21,27 @@ import sys
 
 import torch
 
-from attnkit.bench.int8_families import FAMILIES, apply_engine, environment, unavailable
+from attnkit.bench.int8_families import FAMILIES, apply_engine, environment, saturating_side, unavailable
+from attnkit.cpu import for_inference, int8_scheme
 from attnkit.data import read_lines
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.eval import score_corpus
-from attnkit.nn import int8_scheme
 
 SEARCHES = {"greedy": DecodeOptions(), "beam 5": DecodeOptions(beam=5)}
-BITS = {"full": "8 / 8", "weights": "8 / 7", "inputs": "7 / 8"}  # attnkit.nn.int8_scheme's names: inputs / weights
+BITS = {"full": "8 / 8", "weights": "8 / 7", "inputs": "7 / 8"}  # attnkit.cpu.int8_scheme's names: inputs / weights
 
 
 def decode(checkpoint: str, src_file: str, quantize: str | None) -> dict:
-    """{search: (texts, scores)} for one precision, in this process; int8 also reports its bits."""
+    """{search: (texts, scores)} for one precision, in this process; int8 also reports its bits. The int8 copy is
+    made again with this process's 7-bit side (ATTNKIT_INT8_SATURATING): a Translator makes it with attnkit's."""
     torch.set_num_threads(2)
     translator = Translator.from_checkpoint(checkpoint, device="cpu", quantize=quantize)
     src = read_lines(src_file)
-    scheme = int8_scheme() if quantize else None
+    scheme = None
+    if translator.quantize == "int8":
+        side = saturating_side()
+        translator.fast = for_inference(translator.model, int8=True, saturating=side)
+        scheme = int8_scheme(side)
     out: dict = {"bits": BITS[scheme.name] if scheme else None}
     for name, opts in SEARCHES.items():
         hyps = translator.translate(src, opts, batch_size=128)

@@ -10,7 +10,7 @@ Each (path, precision of the logits) runs in a fresh process: the logits are mad
 (/proc/self/clear_refs), then the loss and its backward run --runs times; printed: the peak's growth over the
 logits (MiB) and the median time (ms). As in training, the loss gets the logits as an intermediate result (here
 `logits * 1`, a product's output in training) that it may let go of once its forward is done, and glibc keeps freed
-memory for reuse as `attnkit train` has it keep it (`attnkit.runtime.keep_freed_memory`).
+memory for reuse as `attnkit train` has it keep it (`attnkit.cpu.keep_freed_memory`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 _MEASURE = """
 import json, statistics, sys, time
 import torch
-from attnkit.runtime import keep_freed_memory
+from attnkit.cpu import keep_freed_memory
 from attnkit.train.losses import label_smoothed_nll, projected_label_smoothed_nll
 
 def plain(logits, target, epsilon, ignore_index=0):  # the replaced path: autograd over a whole (N, V) log-softmax

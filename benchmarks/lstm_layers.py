@@ -1,6 +1,6 @@
-"""The LSTM LM's layers on a CPU: `nn.LSTM`'s own multi-layer call, batch-first with its dropout between layers (the
-plain path), against `LSTMLM.run_layers`, the same cells a layer at a time, time-major, with
-attnkit's dropout between them (attnkit.models.rnn_lm).
+"""The LSTM LM's layers on a CPU: `nn.LSTM`'s own multi-layer call with its dropout between layers (the model as
+attnkit.models.rnn_lm builds it), against attnkit.cpu's `LayerwiseLSTM` over the same Parameters, the same cells a
+layer at a time with attnkit's dropout between them (attnkit/cpu/lstm.py); both time-major.
 
     python benchmarks/lstm_layers.py [--batch 32] [--steps 128] [--dim 256] [--layers 4] [--dropout 0.1] [--rounds 20]
 
@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from attnkit.config import RNNLMConfig
+from attnkit.cpu.lstm import LayerwiseLSTM
 from attnkit.models import build_model
 
 
@@ -36,19 +38,16 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model("lstm-lm", RNNLMConfig(vocab_size=256, d_model=a.dim, n_layers=a.layers, dropout=a.dropout))
     model.train()
-    whole = nn.LSTM(a.dim, a.dim, a.layers, batch_first=True, dropout=a.dropout)  # the replaced call
-    whole.load_state_dict(model.rnn.state_dict())
+    layerwise = LayerwiseLSTM.sharing(model.rnn)
     x = torch.randint(256, (a.batch, a.steps))  # (B, T)
 
-    def batch_first() -> torch.Tensor:  # (B, T) -> (B x T, D)
-        out, _ = whole(model.embed_tokens(x))  # (B, T, D)
-        return out.reshape(-1, a.dim)
+    def through(layers: nn.Module) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:  # (B, T) -> (B x T, D)
+            out, _ = layers(model.embed_tokens(x.t()))  # (T, B, D)
+            return out.transpose(0, 1).reshape(-1, a.dim)
+        return run
 
-    def time_major() -> torch.Tensor:
-        out, _ = model.run_layers(model.embed_tokens(x.t()), None)  # (T, B, D)
-        return out.transpose(0, 1).reshape(-1, a.dim)
-
-    sides = {"nn.LSTM, batch-first": batch_first, "run_layers, time-major": time_major}
+    sides = {"nn.LSTM": through(model.rnn), "LayerwiseLSTM": through(layerwise)}
     times: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(a.rounds + 2):  # the first two rounds warm up
         for name in list(sides)[:: 1 if r % 2 else -1]:

@@ -34,9 +34,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnkit import config as cfgmod
-from attnkit import runtime
 from attnkit.bench.measure import STEP_FLOPS, matmul_peak
 from attnkit.bench.workloads import STANDARD
+from attnkit.cpu import bound_kernel_caches, keep_freed_memory
 from attnkit.demo import PRESETS as DEMO_PRESETS
 from attnkit.train.lm_trainer import LMTrainer
 from attnkit.train.trainer import Trainer
@@ -60,7 +60,7 @@ CATEGORIES = {
     "masks": ("aten::eq", "aten::ne", "aten::lt", "aten::ge", "masked_fill", "aten::triu", "aten::tril",
               "logical_not", "aten::where"),
 }
-RECIPES = {  # name: (what it trains, as runtime.KERNEL_CACHE names it; preset; data folder under --scratch)
+RECIPES = {  # name: (what it trains, as attnkit.cpu.KERNEL_CACHE names it; preset; data folder under --scratch)
     "demo": ("translation", DEMO_PRESETS["de"], "demo"),
     "multi30k": ("translation", "multi30k", "multi30k"),
     "tatoeba-zh-en": ("translation", "tatoeba-zh-en", "tatoeba-zh-en"),
@@ -191,8 +191,8 @@ def as_attnkit_train(recipe: str) -> None:
     them a step's fresh large tensors cost page faults the recipes never pay (the chunked loss's exp took 1.7 ms a
     chunk instead of 0.6)."""
     torch.set_num_threads(2)
-    runtime.keep_freed_memory()
-    runtime.bound_kernel_caches(RECIPES[recipe][0])
+    keep_freed_memory()
+    bound_kernel_caches(RECIPES[recipe][0])
 
 
 def each_recipe(recipes: list[str], name: str, measure_one: Callable[[str], dict]) -> list[dict]:

@@ -17,11 +17,12 @@ from attnkit import config as cfgmod
 from attnkit.checkpoint import load_lm_checkpoint
 from attnkit.cli.main import main
 from attnkit.config import TransformerXLConfig
+from attnkit.cpu.rows import ADAPTIVE_ROWS
 from attnkit.decode.lm import ContextRule, generate
 from attnkit.errors import ConfigError
 from attnkit.eval.lm import evaluate_segments, evaluate_sliding_window
 from attnkit.models import build_model
-from attnkit.nn.adaptive import ROW_BUCKET, AdaptiveEmbedding, AdaptiveLogSoftmax
+from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, bucketed
 from attnkit.train.lm_trainer import LMTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -126,19 +127,41 @@ class _Products(TorchDispatchMode):
 
 
 def test_tail_clusters_run_the_same_product_shapes_whatever_their_word_counts():
-    """A cluster's rows are padded to a multiple of ROW_BUCKET, so batches with 3 and 9 words of cluster 1 (and 8
-    and 1 of cluster 2) run the same products forward and backward: oneDNN kernels built for one serve the next."""
-    embed, softmax = layers()
-    shapes = []
-    for counts in ((3, 8), (9, 1)):
+    """With `row_multiple` = ADAPTIVE_ROWS (what the CPU training scope sets), a cluster's rows are padded to a
+    multiple of it, so batches with 3 and 9 words of cluster 1 (and 8 and 1 of cluster 2) run the same products
+    forward and backward: oneDNN kernels built for one serve the next. The padded rows change no value or gradient;
+    with the default 0 the products run on the rows as they come."""
+
+    def run(counts: tuple[int, int], multiple: int) -> tuple[list, list[torch.Tensor]]:
+        embed, softmax = layers()
+        embed.row_multiple = softmax.row_multiple = multiple
         ids = torch.tensor([0] * 4 + [6] * counts[0] + [15] * counts[1])  # head, cluster 1, cluster 2 words
         ids = torch.cat([ids, torch.zeros(24 - ids.numel(), dtype=torch.long)])  # 24 tokens either way
-        h = torch.randn(24, D, dtype=torch.float64, requires_grad=True)
+        h = torch.randn(24, D, dtype=torch.float64, generator=torch.Generator().manual_seed(sum(counts)),
+                        requires_grad=True)
         with _Products() as products:
-            (softmax.nll(h, embed, ids).sum() + embed(ids).sum()).backward()
-        shapes.append(sorted(products.shapes))
-    assert shapes[0] == shapes[1]
-    assert any(s[0][0] == ROW_BUCKET for s in shapes[0])  # the tail clusters' products, padded
+            nll, out = softmax.nll(h, embed, ids), embed(ids)
+            (nll.sum() + out.sum()).backward()
+        grads = [h.grad, *(p.grad for p in (*embed.parameters(), *softmax.parameters()))]
+        return sorted(products.shapes), [nll.detach(), out.detach(), *grads]
+
+    bucketed_runs = [run(counts, ADAPTIVE_ROWS) for counts in ((3, 8), (9, 1))]
+    assert bucketed_runs[0][0] == bucketed_runs[1][0]
+    assert any(s[0][0] == ADAPTIVE_ROWS for s in bucketed_runs[0][0])  # the tail clusters' products, padded
+    plain_runs = [run(counts, 0) for counts in ((3, 8), (9, 1))]
+    assert plain_runs[0][0] != plain_runs[1][0]  # without the multiple the shapes follow the word counts
+    assert not any(s[0][0] == ADAPTIVE_ROWS for s in plain_runs[0][0])
+    for (_, padded), (_, plain) in zip(bucketed_runs, plain_runs):
+        for got, want in zip(padded, plain, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+def test_bucketed_pads_row_positions_to_the_multiple_with_copies_of_the_first():
+    rows = torch.tensor([4, 7, 9])
+    assert bucketed(rows, 0) is rows and bucketed(torch.arange(32), ADAPTIVE_ROWS).numel() == 32
+    padded = bucketed(rows, ADAPTIVE_ROWS)
+    assert padded.numel() == ADAPTIVE_ROWS and torch.equal(padded[:3], rows) and padded[3:].eq(4).all()
+    assert bucketed(torch.arange(33), ADAPTIVE_ROWS).numel() == 2 * ADAPTIVE_ROWS
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from attnkit.cpu.attention import cpu_attention, cpu_training_attention
+from attnkit.cpu.dropout import Dropout, dropout, keep_mask
 from attnkit.nn import MultiHeadAttention, causal_mask, key_padding_to_attn_mask, scaled_dot_product, sinusoid_table
-from attnkit.nn.attention import KVCache
-from attnkit.nn.dropout import drop, dropout, keep_mask
+from attnkit.nn.attention import KVCache, eager_attention, sdpa_attention
+
+# every attention function, the plain ones and the CPU room's: each must equal the written-out reference
+ATTENTION_FUNCTIONS = [sdpa_attention, eager_attention, cpu_attention, cpu_training_attention]
 
 
 def explicit_mha(mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, keep: torch.Tensor | None):
@@ -30,10 +37,17 @@ def explicit_mha(mha: MultiHeadAttention, x: torch.Tensor, mem: torch.Tensor, ke
     return out @ mha.out_proj.weight.T + mha.out_proj.bias
 
 
+def attention(d_model: int, n_heads: int, fn) -> MultiHeadAttention:
+    mha = MultiHeadAttention(d_model, n_heads).eval()
+    mha.attention_function = fn
+    return mha
+
+
+@pytest.mark.parametrize("fn", ATTENTION_FUNCTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_self_attention_with_padding_equals_explicit(need_weights):
+def test_self_attention_with_padding_equals_explicit(need_weights, fn):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = attention(16, 4, fn)
     x = torch.randn(3, 5, 16)
     pad = torch.tensor([[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
     out, weights = mha(x, mask=key_padding_to_attn_mask(pad), need_weights=need_weights)
@@ -45,10 +59,11 @@ def test_self_attention_with_padding_equals_explicit(need_weights):
         assert weights.masked_select(pad[:, None, None, :].expand_as(weights)).abs().max() == 0
 
 
+@pytest.mark.parametrize("fn", ATTENTION_FUNCTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_causal_cross_and_prefix_masks_equal_explicit(need_weights):
+def test_causal_cross_and_prefix_masks_equal_explicit(need_weights, fn):
     torch.manual_seed(1)
-    mha = MultiHeadAttention(12, 3).eval()
+    mha = attention(12, 3, fn)
     x = torch.randn(2, 4, 12)
     out, _ = mha(x, causal=True, need_weights=need_weights)
     keep = causal_mask(4)[None].expand(2, 4, 4)
@@ -70,16 +85,21 @@ def test_scaled_dot_product_reference_and_causal_mask():
     assert (w[0, 0, 0, 3:] == 0).all() and torch.allclose(out, w @ v)
 
 
-def test_attention_gradients_match_finite_differences():
+@pytest.mark.parametrize("fn", ATTENTION_FUNCTIONS, ids=lambda f: f.__name__)
+def test_attention_gradients_match_finite_differences(fn):
     torch.manual_seed(2)
-    mha = MultiHeadAttention(8, 2).double().eval()
+    mha = attention(8, 2, fn).double()
     x = torch.randn(2, 3, 8, dtype=torch.double, requires_grad=True)
     mask = key_padding_to_attn_mask(torch.tensor([[0, 0, 1], [0, 0, 0]], dtype=torch.bool))
-    # The explicit path is exact in float64; the fused SDPA kernel is checked against its gradients.
+    # The explicit path is exact in float64; each function's own path is checked against its gradients.
     assert torch.autograd.gradcheck(lambda t: mha(t, mask=mask, causal=True, need_weights=True)[0], (x,))
     fused = torch.autograd.grad(mha(x, mask=mask, causal=True)[0].sum(), x)[0]
     explicit = torch.autograd.grad(mha(x, mask=mask, causal=True, need_weights=True)[0].sum(), x)[0]
     torch.testing.assert_close(fused, explicit, atol=1e-6, rtol=1e-5)
+    reference = attention(8, 2, eager_attention).double()
+    reference.load_state_dict(mha.state_dict())
+    plain = torch.autograd.grad(reference(x, mask=mask, causal=True)[0].sum(), x)[0]
+    torch.testing.assert_close(fused, plain, atol=1e-6, rtol=1e-5)
 
 
 def test_sinusoid_table_follows_the_formula():
@@ -114,9 +134,10 @@ def test_dropout_keeps_the_same_elements_in_every_dtype(dtype):
     torch.manual_seed(5)
     reference = keep_mask(torch.Size([50_000]), 0.3, torch.device("cpu"))
     torch.manual_seed(5)
-    kept, scale = drop(torch.ones(50_000, dtype=dtype), 0.3, training=True)
-    assert kept.dtype == dtype and scale == 1 / 0.7
-    assert torch.equal(kept.ne(0), reference)
+    out = dropout(torch.ones(50_000, dtype=dtype), 0.3, training=True)
+    assert out.dtype == dtype
+    assert torch.equal(out.ne(0), reference)
+    torch.testing.assert_close(out[reference], torch.full_like(out[reference], 1 / 0.7), atol=0, rtol=0.01)
 
 
 def test_dropout_gradient_flows_through_the_kept_elements_only():
@@ -136,22 +157,45 @@ def test_dropout_scales_the_kept_elements_and_keeps_the_expectation():
     kept = out.ne(0)
     torch.testing.assert_close(out[kept], x[kept] / 0.75)
     assert abs(out.mean().item() / x.mean().item() - 1) < 0.01
-    assert dropout(x, 0.25, training=False) is x
-    kept_part, scale = drop(x, 0.25, training=True)
-    assert scale == 1 / 0.75 and set(kept_part[kept_part.ne(x)].tolist()) <= {0.0}
+    assert dropout(x, 0.25, training=False) is x and dropout(x, 0.0, training=True) is x
+    assert dropout(x, 1.0, training=True).eq(0).all()  # p = 1 drops everything (F.dropout's rule)
 
 
-def test_feed_forward_folds_the_dropout_scale_into_w2_exactly():
+@pytest.mark.parametrize("p", [0.1, 0.4])
+def test_dropout_module_is_nn_dropout_with_the_cpu_masks(p):
+    """Dropout (what the CPU training scope swaps in for nn.Dropout) is an nn.Dropout of the same rate whose
+    training forward is `dropout`'s, mask for mask, and whose evaluation forward is the identity."""
+    module = Dropout(p)
+    assert isinstance(module, nn.Dropout) and module.p == p
+    x = torch.randn(200, 300)
+    torch.manual_seed(9)
+    out = module.train()(x)
+    torch.manual_seed(9)
+    assert torch.equal(out, dropout(x, p, training=True))
+    rate = out.eq(0).float().mean().item()
+    assert abs(rate - p) < 5 * math.sqrt(p * (1 - p) / x.numel())
+    torch.testing.assert_close(out[out.ne(0)], x[out.ne(0)] / (1 - p))
+    assert module.eval()(x) is x
+
+
+def test_feed_forward_drops_its_hidden_layer_with_the_module_s_dropout():
+    """Plain, FeedForward is W2 F.dropout(relu(W1 x)); inside the CPU training scope its nn.Dropout is the CPU
+    room's, so the same function with `dropout`'s masks."""
+    from attnkit.cpu import training_scope
     from attnkit.nn.layers import FeedForward
 
     torch.manual_seed(0)
     ffn = FeedForward(8, 32, dropout=0.3).double().train()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    torch.manual_seed(3)
-    folded = ffn(x)
-    torch.manual_seed(3)  # the same mask: dropout, then W2
-    torch.testing.assert_close(folded, ffn.w2(dropout(torch.relu(ffn.w1(x)), 0.3, training=True)))
-    assert folded.ne(ffn.eval()(x)).any()  # dropout really acted
+    for drop_hidden, scope in ((F.dropout, contextlib.nullcontext()),
+                               (dropout, training_scope(torch.device("cpu")).applied(ffn))):
+        with scope:
+            torch.manual_seed(3)
+            out = ffn(x)
+        torch.manual_seed(3)  # the same mask: dropout, then W2
+        torch.testing.assert_close(out, ffn.w2(drop_hidden(torch.relu(ffn.w1(x)), 0.3, training=True)))
+        assert out.ne(ffn.eval()(x)).any()  # dropout really acted
+        ffn.train()
 
 
 # --- key/value cache ------------------------------------------------------------------------------
@@ -192,10 +236,11 @@ def test_kv_cache_branches_and_reorders_without_overwriting():
     torch.testing.assert_close(left.k[:, :, -1:], a)  # the reordered copy did not write into left's buffer
 
 
-def test_sdpa_and_explicit_paths_agree_on_long_inputs():
-    """T * S above the explicit path's limit: the output comes from SDPA unless weights are asked for."""
+@pytest.mark.parametrize("fn", ATTENTION_FUNCTIONS, ids=lambda f: f.__name__)
+def test_sdpa_and_explicit_paths_agree_on_long_inputs(fn):
+    """T * S above the CPU explicit path's limit: the output comes from SDPA unless weights are asked for."""
     torch.manual_seed(2)
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = attention(16, 4, fn)
     x, mem = torch.randn(2, 70, 16), torch.randn(2, 90, 16)
     pad = torch.zeros(2, 90, dtype=torch.bool)
     pad[0, 80:] = True
@@ -208,11 +253,12 @@ def test_sdpa_and_explicit_paths_agree_on_long_inputs():
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fn", ATTENTION_FUNCTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_query_path_equals_explicit_with_padding(dtype):
-    """A decoding step's single query (batched products on CPU) against the loop reference."""
+def test_one_query_path_equals_explicit_with_padding(dtype, fn):
+    """A decoding step's single query (cpu_attention: batched products on CPU) against the loop reference."""
     torch.manual_seed(3)
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = attention(16, 4, fn)
     x, mem = torch.randn(3, 1, 16), torch.randn(3, 6, 16)
     pad = torch.zeros(3, 6, dtype=torch.bool)
     pad[1, 2:] = True

@@ -18,7 +18,7 @@ from attnkit.bench import runner as bench
 from attnkit.bench.attnkit_adapter import ATTNKIT
 from attnkit.cli import bench as bench_cli
 from attnkit.cli.main import main
-from attnkit.nn import int8_unavailable
+from attnkit.cpu import int8_unavailable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -141,6 +141,26 @@ def test_xl_memory_is_carried_and_detached_in_training():
     for i in range(5):
         case.loss(i, "float32").backward()
     assert seen == [None, (16, False), (32, False), (48, False), (48, False)]
+
+
+@pytest.mark.parametrize("workload", ["mt", "xl"])
+def test_attnkit_trains_inside_its_cpu_training_scope(workload):
+    """The timed steps run with the modules attnkit's trainer swaps in (attnkit.cpu.training_scope), as
+    `attnkit train` does; the counted step and the model afterwards are the plain ones."""
+    torch.manual_seed(0)
+    if workload == "mt":
+        case = speed.mt_train_case(ATTNKIT.mt, dataclasses.replace(workloads.QUICK.mt, warmup=1, steps=1))
+    else:
+        case = speed.lm_train_case(ATTNKIT.lm["xl"], dataclasses.replace(workloads.QUICK.lm, warmup=1, steps=1))
+    seen, loss = [], case.loss
+
+    def recording_loss(i, dtype):
+        seen.append({type(m).__module__ for m in case.model.modules() if "Dropout" in type(m).__name__})
+        return loss(i, dtype)
+
+    speed.train_throughput(dataclasses.replace(case, loss=recording_loss), 1, "float32")
+    assert seen[:2] == [{"attnkit.cpu.dropout"}] * 2 and seen[2:] == [{"torch.nn.modules.dropout"}]
+    assert all(type(m) is nn.Dropout for m in case.model.modules() if "Dropout" in type(m).__name__)
 
 
 LSTM_TOOLKITS = {"attnkit": ATTNKIT, "pytorch": plain.toolkit()}

@@ -87,14 +87,16 @@ def losses_and_grads(fn, tensors, target, epsilon, dtype, autocast=False):
 @pytest.mark.parametrize("multiple", [0, 3], ids=["rows-as-they-come", "stable-rows-3"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_projected_loss_equals_the_loss_of_the_whole_logits(bias, epsilon, multiple, dtype, monkeypatch):
-    from attnkit.nn.linear import stable_rows
     from attnkit.train.losses import projected_label_smoothed_nll
 
     monkeypatch.setattr(cross_entropy, "PROJECTED_CHUNK_ELEMENTS", 8 * V)  # 16 real rows: chunks of 8, or of 3 (+ 1)
     tensors, target = projected_case(bias)
     reference = losses_and_grads(through_logits, tensors, target, epsilon, torch.float64)
-    with stable_rows(multiple):
-        fused = losses_and_grads(projected_label_smoothed_nll, tensors, target, epsilon, dtype)
+
+    def fn(*args):
+        return projected_label_smoothed_nll(*args, ignore_index=0, row_multiple=multiple)
+
+    fused = losses_and_grads(fn, tensors, target, epsilon, dtype)
     tol = dict(atol=1e-12, rtol=1e-12) if dtype == torch.float64 else dict(atol=1e-5, rtol=1e-5)
     for got, want in zip(fused, reference, strict=True):
         torch.testing.assert_close(got, want, **tol)
@@ -130,7 +132,6 @@ def test_projected_loss_passes_gradcheck():
 
 
 def test_projected_loss_never_makes_the_whole_logits_nor_those_of_padding(monkeypatch):
-    from attnkit.nn.linear import stable_rows
     from attnkit.train.losses import projected_label_smoothed_nll
     from conftest import linear_rows
 
@@ -141,9 +142,9 @@ def test_projected_loss_never_makes_the_whole_logits_nor_those_of_padding(monkey
     loss, _ = projected_label_smoothed_nll(*[t.requires_grad_() for t in tensors[:2]], None, target, 0.1)
     assert rows == [real] and cross_entropy.projection_rows(V) == 16  # one chunk, the real rows only
     rows.clear()
-    with stable_rows(5):  # a scope's multiple caps the chunk, and every chunk runs on as many rows (the last padded)
-        projected_label_smoothed_nll(*tensors[:2], None, target, 0.1)
-    assert rows == [5] * 4
+    # a row multiple caps the chunk, and every chunk runs on as many rows (the last padded)
+    projected_label_smoothed_nll(*tensors[:2], None, target, 0.1, row_multiple=5)
+    assert rows == [5] * 4 and cross_entropy.projection_rows(V, row_multiple=5) == 5
     rows.clear()
     with torch.no_grad():  # evaluation: the loss alone, no gradient made
         loss_eval, _ = projected_label_smoothed_nll(*tensors[:2], None, target, 0.1)

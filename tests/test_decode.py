@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnkit.data import BOS_ID, EOS_ID, PAD_ID
 from attnkit.decode import beam_search, greedy_search, sample, score_targets
@@ -266,21 +267,45 @@ def test_block_maxima_searches_equal_argmax_and_topk():
 
 
 @pytest.mark.parametrize("shape", [(64, 8000), (5, 17), (3, 1)])
-def test_step_log_probs_in_place_equal_log_softmax(shape):
-    from attnkit.nn.outputs import step_log_probs
+def test_packed_log_probs_in_place_equal_log_softmax(shape):
+    """A decoding step's log-probabilities through the CPU room's PackedLogits: normalised in place of the step's
+    logits, equal to their log_softmax, and to the plain Logits.log_probs."""
+    from attnkit.cpu.modules import sharing
+    from attnkit.cpu.packed import PackedLogits, PackedWeights
+    from attnkit.nn.outputs import Logits
 
     torch.manual_seed(4)
-    logits = torch.randn(shape) * 10
-    logits[0, 0] = float("-inf")  # a banned token
-    ref = logits.log_softmax(-1)
+    n, v = shape
+    h = torch.randn(n, 16)
+    weight = torch.nn.Parameter(torch.randn(v, 16) * 3)
+    bias = torch.nn.Parameter(torch.randn(v))
+    with torch.no_grad():
+        bias[0] = float("-inf")  # a banned token
+    plain = Logits()
+    packed = sharing(PackedLogits, plain, cache=PackedWeights())
     with torch.inference_mode():
-        out = step_log_probs(logits)
-    assert out.data_ptr() == logits.data_ptr()  # in place: no second (N, V) tensor
+        want = plain.log_probs(h, weight, bias)
+    made = []  # the step's logits as PackedLogits' forward returned them (the hook is the shared module's too)
+    hook = packed.register_forward_hook(lambda module, args, out: made.append((out.data_ptr(), out.clone())))
+    with torch.inference_mode():
+        out = packed.log_probs(h, weight, bias)
+    hook.remove()
+    (pointer, logits), = made
+    assert out.data_ptr() == pointer  # in place: no second (N, V) tensor
+    ref = logits.log_softmax(-1)
     assert torch.equal(out[:, 1:], ref[:, 1:]) and torch.equal(out.isneginf(), ref.isneginf())
-    half = torch.randn(shape).bfloat16()
-    assert step_log_probs(half).dtype == torch.float32 and half.dtype == torch.bfloat16  # normalised in float32
-    leaf = torch.randn(shape, requires_grad=True)
-    torch.testing.assert_close(step_log_probs(leaf * 1.0), leaf.log_softmax(-1))  # recorded: not overwritten
+    assert out.dtype == want.dtype == torch.float32 and (v == 1 or out[:, 0].isneginf().all())
+    torch.testing.assert_close(out[:, 1:], want[:, 1:], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(want, F.linear(h, weight, bias).log_softmax(-1), equal_nan=True)
+    half_h, half_w = h.bfloat16(), torch.nn.Parameter(weight.detach().bfloat16())
+    with torch.inference_mode():
+        half = packed.log_probs(half_h, half_w, None)
+    assert half.dtype == torch.float32 and half_w.dtype == torch.bfloat16  # normalised in float32
+    torch.testing.assert_close(half, F.linear(half_h, half_w).float().log_softmax(-1), atol=0.05, rtol=0.01)
+    leaf = torch.randn(n, 16, requires_grad=True)
+    recorded = packed.log_probs(leaf * 1.0, weight, bias)  # recorded for autograd: the logits are not overwritten
+    torch.testing.assert_close(recorded, F.linear(leaf, weight, bias).log_softmax(-1), equal_nan=True)
+    assert recorded.requires_grad
 
 
 @pytest.mark.parametrize("top_p", [1e-75, 0.3, 0.6, 0.95])

@@ -1,4 +1,4 @@
-"""int8 products (`PackedWeights(int8=True)`, attnkit.nn.linear) exact to their quantisation on every kernel family.
+"""int8 products (`PackedWeights(int8=True)`, attnkit.cpu.packed) exact to their quantisation on every kernel family.
 
 Which int8 kernels run is decided inside fbgemm and oneDNN from the CPU, `FBGEMM_ENABLE_INSTRUCTIONS` and
 `ONEDNN_MAX_CPU_ISA`, read once per process. So `test_every_kernel_family_this_cpu_can_run` runs this file and
@@ -20,14 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from attnkit.bench.int8_families import FAMILIES, environment, unavailable
-from attnkit.nn import Linear, PackedWeights, int8_kernels, int8_scheme, int8_unavailable, linear, prepacked
-from attnkit.nn.linear import INT8_SCHEMES, Int8Scheme, packable
+from attnkit.bench.int8_families import FAMILIES, environment, saturating_side, unavailable
+from attnkit.cpu import for_inference, int8_kernels, int8_scheme, int8_unavailable
+from attnkit.cpu.modules import sharing
+from attnkit.cpu.packed import INT8_SCHEMES, Int8Scheme, PackedLinear, PackedWeights, packable, packed_linear
 
 needs_int8 = pytest.mark.skipif(bool(int8_unavailable()), reason=int8_unavailable() or "int8 runs here")
 ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}
 FAMILY = os.environ.get("ATTNKIT_TEST_INT8_FAMILY")  # set in the processes the family test starts
+SIDE = saturating_side()  # the 7-bit side on saturating kernels: the family's, else the default
 
 
 def int8_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, scheme: Int8Scheme) -> torch.Tensor:
@@ -45,6 +48,11 @@ def int8_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, sch
     return y if b is None else y + b.double()
 
 
+def int8_linear(lin: nn.Linear) -> PackedLinear:
+    """A PackedLinear with int8 copies holding lin's own Parameters, as for_inference(int8=True) swaps one in."""
+    return sharing(PackedLinear, lin, cache=PackedWeights(int8=True, saturating=SIDE))
+
+
 def inputs(kind: str, shape: tuple[int, ...]) -> torch.Tensor:
     """normal: both signs, the zero point mid-range; relu: what the FFN's second product reads, all >= 0, so large
     inputs quantise near the top of the range (where 16-bit pair sums overflow); ones: every input at the top."""
@@ -58,12 +66,13 @@ def inputs(kind: str, shape: tuple[int, ...]) -> torch.Tensor:
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_int8_linear_is_the_quantised_product(kind, rows, activation):
     torch.manual_seed(0)
-    lin, x = Linear(64, 24), inputs(kind, (2, 7, 64))
+    lin, x = nn.Linear(64, 24), inputs(kind, (2, 7, 64))
     w, b = (lin.weight, lin.bias) if rows is None else (lin.weight[rows[0] : rows[1]], lin.bias[rows[0] : rows[1]])
-    with torch.no_grad(), prepacked(PackedWeights(int8=True)):
-        out = linear(x, lin.weight, lin.bias, rows=rows, activation=activation)
+    with torch.no_grad():
+        cache = PackedWeights(int8=True, saturating=SIDE)
+        out = packed_linear(cache, x, lin.weight, lin.bias, rows=rows, activation=activation)
         exact = ACTIVATIONS[activation](F.linear(x, w, b))
-    ref = ACTIVATIONS[activation](int8_reference(x, w, b, int8_scheme())).float()
+    ref = ACTIVATIONS[activation](int8_reference(x, w, b, int8_scheme(SIDE))).float()
     assert out.shape == exact.shape and out.dtype == torch.float32
     scale = exact.abs().max().item()
     assert (out - ref).abs().max().item() < 1e-3 * scale  # the kernel computes the quantised product...
@@ -78,12 +87,12 @@ def test_int8_products_at_model_widths_are_exact_on_large_inputs(k):
     torch.manual_seed(1)
     w = torch.randn(32, k)
     x = F.relu(torch.randn(64, k)) + torch.ones(64, k)  # (M, K), all well inside the top half of the range
-    lin = Linear(k, 32, bias=False)
+    lin = int8_linear(nn.Linear(k, 32, bias=False))
     with torch.no_grad():
         lin.weight.copy_(w)
-        with prepacked(PackedWeights(int8=True)):
-            out = lin(x)  # (M, N)
-    ref = int8_reference(x, w, None, int8_scheme()).float()
+        out = lin(x)  # (M, N)
+    assert len(lin.cache) == 1  # the int8 path ran
+    ref = int8_reference(x, w, None, int8_scheme(SIDE)).float()
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item())
 
 
@@ -102,23 +111,24 @@ def kernel_is_exact(input_top: int, weight_top: int) -> bool:
 def test_the_scheme_is_one_the_kernels_sum_exactly():
     """The probe's choice: 8 + 8 bits only where the full range is exact; else 7-bit weights (7-bit inputs where the
     measurement asks for them), which the kernels of this family sum exactly."""
-    scheme, full_is_exact = int8_scheme(), kernel_is_exact(255, 127)
+    scheme, full_is_exact = int8_scheme(SIDE), kernel_is_exact(255, 127)
     assert (scheme.name == "full") == full_is_exact
     assert kernel_is_exact(scheme.input_top, scheme.weight_top)
-    assert PackedWeights(int8=True).scheme == scheme
-    assert int8_kernels() == f"{torch.backends.quantized.engine} engine, {scheme.words}"
+    assert PackedWeights(int8=True, saturating=SIDE).scheme == scheme
+    assert int8_kernels(SIDE) == f"{torch.backends.quantized.engine} engine, {scheme.words}"
     if FAMILY:
-        assert scheme.name == os.environ["ATTNKIT_TEST_INT8_SCHEME"], (FAMILY, int8_kernels())
+        assert scheme.name == os.environ["ATTNKIT_TEST_INT8_SCHEME"], (FAMILY, int8_kernels(SIDE))
 
 
 @needs_int8
-@pytest.mark.skipif(int8_scheme() is None or int8_scheme().name != "weights", reason="kernels with 7-bit weights only")
+@pytest.mark.skipif(getattr(int8_scheme(SIDE), "name", None) != "weights", reason="kernels with 7-bit weights only")
 def test_saturating_kernels_get_8_bit_inputs_and_7_bit_weights():
     """On kernels that add pairs in 16 bits: packed weights in -64..64, inputs in 0..255, and an FFN-like product
     (ReLU inputs, K 512) nearer the float64 one than with 7-bit inputs."""
     torch.manual_seed(3)
-    lin, x = Linear(512, 64, bias=False), F.relu(torch.randn(32, 512))  # (M, K)
-    with torch.no_grad(), prepacked(PackedWeights(int8=True)) as cache:
+    lin, x = int8_linear(nn.Linear(512, 64, bias=False)), F.relu(torch.randn(32, 512))  # (M, K)
+    cache = lin.cache
+    with torch.no_grad():
         out = lin(x)  # (M, N)
         packed = cache.get(lin.weight, None)
         exact = F.linear(x.double(), lin.weight.double())
@@ -146,25 +156,29 @@ def test_a_saturating_family_runs_8_bit_inputs_and_7_bit_weights():
 
 
 @needs_int8
-def test_int8_copies_serve_float32_inputs_in_their_scope_only():
+def test_int8_copies_serve_float32_inputs_of_their_module_only():
     torch.manual_seed(2)
-    lin, x = Linear(32, 16), torch.randn(5, 32)
+    lin, x = nn.Linear(32, 16), torch.randn(5, 32)
+    fast = int8_linear(lin)
+    cache = fast.cache
     with torch.no_grad():
         plain = F.linear(x, lin.weight, lin.bias)
-        with prepacked(PackedWeights(int8=True)) as cache:
-            assert packable(x, lin.weight) and not packable(x.bfloat16(), lin.weight.bfloat16())
-            quantised = lin(x)
-            assert len(cache) == 1
-        torch.testing.assert_close(lin(x), plain)  # outside the scope: float32 again
+        assert packable(x, lin.weight, cache) and not packable(x.bfloat16(), lin.weight.bfloat16(), cache)
+        quantised = fast(x)
+        assert len(cache) == 1
+        torch.testing.assert_close(lin(x), plain)  # the module the copy shares its weights with: float32
     assert not torch.equal(quantised, plain)
 
 
 def test_int8_copies_are_refused_with_the_reason_where_int8_does_not_run(monkeypatch):
-    linear_module = sys.modules["attnkit.nn.linear"]
+    linear_module = sys.modules["attnkit.cpu.packed"]
     monkeypatch.setattr(linear_module, "int8_unavailable", lambda: "the kernels here saturate")
     with pytest.raises(ValueError, match="int8 products: the kernels here saturate"):
-        PackedWeights(int8=True)
+        PackedWeights(int8=True, saturating=SIDE)
+    with pytest.raises(ValueError, match="int8 products: the kernels here saturate"):
+        for_inference(nn.Sequential(nn.Linear(4, 4)), int8=True)
     assert not PackedWeights().int8  # float copies need no int8 kernels
+    assert isinstance(for_inference(nn.Sequential(nn.Linear(4, 4)))[0], PackedLinear)
 
 
 # --- every kernel family this CPU can run, each in its own process ---------------------------------------------

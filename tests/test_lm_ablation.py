@@ -20,7 +20,6 @@ from attnkit.eval.lm import evaluate_segments
 from attnkit.experiments.lm_ablation import default_presets
 from attnkit.models import build_model
 from attnkit.nn import causal_mask
-from attnkit.nn.dropout import dropout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 13
@@ -100,52 +99,6 @@ def test_lstm_state_before_the_extended_context_is_carried():
     _, upto = model(x[:, :7], mem_len=1)
     for a, b in zip(with_ext, upto):
         torch.testing.assert_close(a, b)
-
-
-def test_lstm_layers_one_at_a_time_equal_nn_lstms_own_call():
-    # the CPU path (torch.lstm a layer at a time) against nn.LSTM's multi-layer call on the same weights, with no
-    # dropout: outputs, final states and every gradient, from zeros and from a carried state
-    model = tiny("lstm-lm", n_layers=3).train()
-    h = torch.randn(7, 3, 16, dtype=torch.float64, requires_grad=True)  # (T, B, D)
-    state = tuple(torch.randn(3, 3, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))  # (L, B, D)
-    for start in (None, state):
-        ours, ours_final = model.layers_on_cpu(h, start)
-        ref, ref_final = model.rnn(h, start)
-        torch.testing.assert_close(ours, ref, rtol=0, atol=0)
-        for a, b in zip(ours_final, ref_final):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
-    inputs = [h, *state, *model.rnn.parameters()]
-    loss = lambda out: out[0].square().sum() + out[1][0].sum() + 2 * out[1][1].sum()  # noqa: E731
-    ours = torch.autograd.grad(loss(model.layers_on_cpu(h, state)), inputs)
-    ref = torch.autograd.grad(loss(model.rnn(h, state)), inputs)
-    for a, b in zip(ours, ref):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-
-
-def test_lstm_dropout_falls_between_the_layers_as_nn_lstms():
-    # with dropout, against single-layer nn.LSTMs on the same weights with attnkit's dropout drawn in the same order
-    # after every layer but the last; and in eval mode no dropout at all (nn.LSTM's own call)
-    model = tiny("lstm-lm", n_layers=3, dropout=0.3).train()
-    singles = []
-    for i in range(3):
-        single = torch.nn.LSTM(16, 16, 1).double()
-        single.load_state_dict({f"{name}_l0": getattr(model.rnn, f"{name}_l{i}")
-                                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
-        singles.append(single)
-    h = torch.randn(6, 2, 16, dtype=torch.float64)  # (T, B, D)
-    torch.manual_seed(7)
-    ours, (h_n, c_n) = model.run_layers(h, None)
-    torch.manual_seed(7)
-    ref, finals = h, []
-    for i, single in enumerate(singles):
-        ref = dropout(ref, 0.3, True) if i else ref
-        ref, final = single(ref)
-        finals.append(final)
-    torch.testing.assert_close(ours, ref)
-    torch.testing.assert_close(h_n, torch.cat([f[0] for f in finals]))
-    torch.testing.assert_close(c_n, torch.cat([f[1] for f in finals]))
-    assert not torch.equal(ours, model.eval().rnn(h)[0])  # the dropout did act
-    torch.testing.assert_close(model.run_layers(h, None)[0], model.rnn(h)[0], rtol=0, atol=0)
 
 
 def test_per_token_losses_line_up_with_the_total():

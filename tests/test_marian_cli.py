@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnkit.cli.main import main
+from attnkit.cpu import int8_unavailable
 from attnkit.decode import DecodeOptions, Translator
-from attnkit.nn import int8_unavailable
 from conftest import serve_extra
 from marian_models import PAIRS, SAMPLE, TAGS, TARGET_TEXT, load_marian, write_marian
 

@@ -11,8 +11,9 @@ import textwrap
 import pytest
 import torch
 
+from attnkit.cpu import FusedAdamW
 from attnkit.train.base import decay_groups
-from attnkit.train.optim import FusedAdamW, adamw
+from attnkit.train.optim import adamw
 from conftest import tiny_model_config
 
 

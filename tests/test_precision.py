@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from attnkit import config as cfgmod
-from attnkit import runtime
+from attnkit.cpu import process
 from attnkit.errors import ConfigError
 from attnkit.train import precision
 from attnkit.train.lm_trainer import LMTrainer
@@ -28,7 +28,7 @@ def fake_timing(monkeypatch, **seconds: float) -> None:
 @pytest.mark.parametrize(("bf16", "chosen"), [(0.5, "bfloat16"), (BF16_MARGIN - 0.01, "bfloat16"),
                                               (BF16_MARGIN + 0.01, "float32"), (1.3, "float32")])
 def test_a_cpu_with_bf16_instructions_times_both_and_needs_a_clear_bf16_win(monkeypatch, bf16, chosen):
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(process, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     fake_timing(monkeypatch, float32=1.0, bfloat16=bf16)
     warmed = []
     choice = choose_dtype(CPU, warmed.append)
@@ -38,7 +38,7 @@ def test_a_cpu_with_bf16_instructions_times_both_and_needs_a_clear_bf16_win(monk
 
 
 def test_unknown_flags_are_timed_and_the_ranks_decide_on_their_sums(monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_flags", set)  # not Linux: the flags say nothing
+    monkeypatch.setattr(process, "cpu_flags", set)  # not Linux: the flags say nothing
     fake_timing(monkeypatch, float32=1.0, bfloat16=0.5)
     assert choose_dtype(CPU, lambda dtype: None).dtype == "bfloat16"
     other_rank_slow_in_bf16 = lambda f32, bf16: [f32 + 1.0, bf16 + 2.0]  # noqa: E731 - sums over two ranks
@@ -47,7 +47,7 @@ def test_unknown_flags_are_timed_and_the_ranks_decide_on_their_sums(monkeypatch)
 
 @pytest.mark.parametrize("flags", [{"avx2", "fma"}, {"avx512f", "avx512bw"}])
 def test_a_cpu_without_bf16_instructions_gets_float32_untimed(monkeypatch, flags):
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(process, "cpu_flags", lambda: flags)
     choice = choose_dtype(CPU, lambda dtype: pytest.fail("timed on a CPU that emulates bf16"))
     assert (choice.dtype, choice.seconds) == ("float32", 0.0) and "no bf16 instructions" in choice.why
 
@@ -84,7 +84,7 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("chosen", ["bfloat16", "float32"])
 def test_a_seq2seq_run_with_auto_trains_exactly_as_with_the_dtype_it_chose(tmp_path, data_dir, monkeypatch, chosen):
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(process, "cpu_flags", lambda: {"avx512_bf16"})
     fake_timing(monkeypatch, float32=1.0, bfloat16=0.5 if chosen == "bfloat16" else 2.0)
     auto = seq2seq_run(tmp_path, data_dir, "auto", "auto")
     given = seq2seq_run(tmp_path, data_dir, "given", chosen)
@@ -94,7 +94,7 @@ def test_a_seq2seq_run_with_auto_trains_exactly_as_with_the_dtype_it_chose(tmp_p
 
 
 def test_the_probe_counts_against_the_budget_and_a_resume_keeps_the_choice(tmp_path, data_dir, monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(process, "cpu_flags", lambda: {"avx512_bf16"})
     fake_timing(monkeypatch, float32=1.0, bfloat16=0.5)
     cfg = tiny_run_config(max_steps=3, dtype="auto")
     fresh = Trainer(cfg, data_dir, tmp_path / "run", progress=False)
@@ -112,7 +112,7 @@ def test_the_probe_counts_against_the_budget_and_a_resume_keeps_the_choice(tmp_p
 def test_a_language_model_run_with_auto_trains_exactly_as_with_the_dtype_it_chose(tmp_path, monkeypatch):
     from attnkit.data.lm import prepare_lm
 
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setattr(process, "cpu_flags", lambda: {"amx_bf16"})
     fake_timing(monkeypatch, float32=1.0, bfloat16=0.5)
     (tmp_path / "text.txt").write_text(LM_TEXT * 4, encoding="utf-8")
     prepare_lm(tmp_path / "data", tmp_path / "text.txt", level="char", valid_fraction=0.2)
@@ -178,7 +178,7 @@ def test_the_seq2seq_probe_runs_whole_batches_in_bfloat16_and_slices_in_float32(
     seen = []  # the (rows, source length) of each batch a probe pass runs
     losses = trainer_module.training_losses
     monkeypatch.setattr(trainer_module, "training_losses",
-                        lambda model, b, eps: seen.append(tuple(b.src.shape)) or losses(model, b, eps))
+                        lambda model, b, eps, rows: seen.append(tuple(b.src.shape)) or losses(model, b, eps, rows))
     passes = trainer.precision_passes()
     with precision.no_trace(trainer.model):
         passes("bfloat16")
@@ -210,8 +210,8 @@ def test_the_language_model_probe_does_the_first_segments_work_in_row_slices(tmp
 # --- where kernel builds are costly (AMX), bf16 training keeps its products' shapes: the linear maps run on the
 # token budget's rows and attention multiplies in float32 ------------------------------------------------------------
 def test_a_bf16_step_on_amx_keeps_its_product_shapes_and_trains_as_without(tmp_path, data_dir, monkeypatch):
-    from attnkit.nn import attention as attention_module
-    from attnkit.train import trainer as trainer_module
+    from attnkit.cpu import attention as attention_module
+    from attnkit.cpu import training as training_module
 
     rows = linear_rows(monkeypatch, training_only=True)  # not the evaluations
     widened = []  # the dtypes attention took float32 products on
@@ -220,7 +220,7 @@ def test_a_bf16_step_on_amx_keeps_its_product_shapes_and_trains_as_without(tmp_p
                                                                                                               **kw))
     runs = {}
     for costly in (False, True):
-        monkeypatch.setattr(trainer_module, "kernel_builds_costly", lambda device, dtype, costly=costly: costly)
+        monkeypatch.setattr(training_module, "kernel_builds_costly", lambda device, dtype, costly=costly: costly)
         rows.clear()
         widened.clear()
         runs[costly] = seq2seq_run(tmp_path, data_dir, f"costly-{costly}", "bfloat16", steps=4)
@@ -229,7 +229,7 @@ def test_a_bf16_step_on_amx_keeps_its_product_shapes_and_trains_as_without(tmp_p
         assert trained == {budget} if costly else len(trained) > 1 and max(trained) <= budget
         assert set(widened) == ({torch.bfloat16} if costly else set())
     # The zero rows change nothing: the same run with the rows as they come (attention in float32 on both sides).
-    monkeypatch.setattr(trainer_module, "stable_rows", lambda multiple: contextlib.nullcontext())
+    monkeypatch.setattr(training_module.TrainingScope, "precision", lambda scope, dtype: contextlib.nullcontext())
     unpadded = seq2seq_run(tmp_path, data_dir, "unpadded", "bfloat16", steps=4)
     for (name, a), b in zip(unpadded.model.state_dict().items(), runs[True].model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0.02, atol=2e-3, msg=name)

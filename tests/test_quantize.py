@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnkit.cpu import int8_kernels, int8_scheme, int8_unavailable
+from attnkit.cpu.packed import PackedWeights
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.decode import options as options_module
 from attnkit.errors import ConfigError
-from attnkit.nn import int8_unavailable
 from conftest import serve_extra
 
 pytestmark = pytest.mark.skipif(bool(int8_unavailable()), reason=int8_unavailable() or "int8 runs here")
@@ -26,23 +27,30 @@ def checkpoint(request):
     return request.getfixturevalue("trained")[1] / "checkpoints" / "best.safetensors"
 
 
+def packed_weights(translator: Translator) -> PackedWeights:
+    """The one cache the packed modules of the Translator's inference copy share."""
+    (cache,) = {m.cache for m in translator.fast.modules() if isinstance(getattr(m, "cache", None), PackedWeights)}
+    return cache
+
+
 def test_int8_scores_stay_close_to_float32(checkpoint):
     exact = Translator.from_checkpoint(checkpoint, device="cpu")
     quantised = Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8")
-    assert (exact.quantize, quantised.quantize) == (None, "int8") and quantised.packed.int8
+    assert (exact.quantize, quantised.quantize) == (None, "int8") and packed_weights(quantised).int8
+    assert not packed_weights(exact).int8 and quantised.fast is not quantised.model
     targets = exact.translate_texts(SOURCES, beam=3)
     for a, b in zip(exact.score(SOURCES, targets), quantised.score(SOURCES, targets)):
         assert a != b and abs(a - b) < 0.05 * abs(a) + 0.05  # int8 products ran, and stayed close
     for t in quantised.translate(SOURCES, DecodeOptions(beam=3, nbest=2)):  # the searches run on int8 copies
         assert len(t.nbest) == 1 and t.norm_score >= t.nbest[0].norm_score  # nbest: the other hypotheses
-    assert len(quantised.packed) > 0
+    assert len(packed_weights(quantised)) > 0
 
 
 def test_int8_falls_back_to_float32_with_the_reason(checkpoint, monkeypatch):
     monkeypatch.setattr(options_module, "int8_unavailable", lambda: "this CPU has no AVX2")
     with pytest.warns(UserWarning, match="this CPU has no AVX2; decoding in float32"):
         t = Translator.from_checkpoint(checkpoint, device="cpu", quantize="int8")
-    assert t.quantize is None and not t.packed.int8
+    assert t.quantize is None and not packed_weights(t).int8
 
 
 def test_an_unknown_quantization_is_a_config_error(checkpoint):
@@ -67,7 +75,6 @@ def test_translate_quantize_int8_on_the_command_line(checkpoint, tmp_path, capsy
 
 def test_health_names_the_int8_kernels_the_service_runs(checkpoint):
     httpx = serve_extra()
-    from attnkit.nn import int8_kernels, int8_scheme
     from attnkit.serve.app import create_app
     from serving import running
 

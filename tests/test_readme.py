@@ -39,3 +39,18 @@ def test_every_attnkit_command_in_the_readme_parses(line):
     argv = shlex.split(command.replace("$C", "runs/demo/checkpoints/best.safetensors"))
     rest, _ = split_overrides(argv)
     build_parser()[0].parse_args(rest)  # argparse exits on an unknown verb or option
+
+
+def lines_in(*folders: str) -> int:
+    src = README.parent / "src" / "attnkit"
+    files = [f for folder in folders for f in (src / folder).glob("*.py")] if folders else list(src.rglob("*.py"))
+    return sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
+
+
+def test_the_readme_s_size_sentence_is_true():
+    """'src/attnkit is about N lines ... the papers' code ... about M': each within 10% of the files' line counts."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    total, core = (int(n.replace(",", "")) for n in re.findall(r"about (\d[\d,]*)(?: lines)?", text)[:2])
+    assert abs(total - lines_in()) <= 0.1 * lines_in(), lines_in()
+    papers = lines_in("nn", "models", "decode", "train")
+    assert abs(core - papers) <= 0.1 * papers, papers

@@ -278,9 +278,9 @@ def poison(monkeypatch, bad_calls: set[int] | None = None, from_call: int | None
     """Make the training objective return a NaN loss on the chosen calls (counted from 1)."""
     losses, calls = trainer_mod.training_losses, [0]
 
-    def nan_losses(model, batch, epsilon):
+    def nan_losses(model, batch, epsilon, row_multiple):
         calls[0] += 1
-        loss, nll, aux = losses(model, batch, epsilon)
+        loss, nll, aux = losses(model, batch, epsilon, row_multiple)
         bad = calls[0] in (bad_calls or set()) or (from_call is not None and calls[0] >= from_call)
         return (loss * float("nan"), nll * float("nan"), aux) if bad else (loss, nll, aux)
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from attnkit import runtime
 from attnkit.config import RNNConfig, TransformerConfig
+from attnkit.cpu import process
 from attnkit.data import BOS_ID, EOS_ID, PAD_ID
 from attnkit.decode import beam_search, greedy_search, sample
 from attnkit.models import Transformer
@@ -105,10 +105,10 @@ def fake_libc(monkeypatch):
     libc = FakeLibc()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: libc)
     monkeypatch.delenv("ATTNKIT_SYSTEM_MALLOC", raising=False)
-    monkeypatch.setattr(runtime, "_KEPT", None)
-    runtime.keep_freed_memory.cache_clear()
+    monkeypatch.setattr(process, "_KEPT", None)
+    process.keep_freed_memory.cache_clear()
     yield libc
-    runtime.keep_freed_memory.cache_clear()
+    process.keep_freed_memory.cache_clear()
 
 
 def test_a_translator_and_a_trainer_leave_the_allocator_alone(fake_libc, tmp_path, data_dir):
@@ -120,7 +120,7 @@ def test_a_translator_and_a_trainer_leave_the_allocator_alone(fake_libc, tmp_pat
                src_tok, tgt_tok, device="cpu")
     Trainer(tiny_run_config(max_steps=1), data_dir, tmp_path / "run", progress=False).fit()
     assert fake_libc.calls == [] and fake_libc.trims == 0  # nor hands memory back that it did not ask to keep
-    assert runtime.keep_freed_memory() is True  # opt-in: the Python API asks for it by name
+    assert process.keep_freed_memory() is True  # opt-in: the Python API asks for it by name
     assert len(fake_libc.calls) == 2
 
 
@@ -189,7 +189,7 @@ def default_growth(tmp_path_factory) -> float:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 @pytest.mark.parametrize("verb, kind", [(["train"], "translation"), (["lm", "train"], "lm")])
 def test_a_training_verb_keeps_memory_flat_under_changing_shapes(tmp_path, verb, kind, default_growth):
-    from attnkit.runtime import KERNEL_CACHE
+    from attnkit.cpu import KERNEL_CACHE
 
     kept, grown = shapes_growth([*verb, "--data", str(tmp_path), "--out", str(tmp_path / "run")])
     assert kept == KERNEL_CACHE[kind]  # the size for what the verb trains

@@ -13,16 +13,19 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save as st_save
+from torch import nn
 
 from attnkit.checkpoint import Checkpoint, load_checkpoint, model_from, save_checkpoint
 from attnkit.cli.main import main
 from attnkit.config import PAD_ID, RunConfig, TrainConfig, TransformerConfig, from_dict, to_dict
+from attnkit.cpu import for_inference, int8_scheme
+from attnkit.cpu.packed import PackedFeedForward, PackedWeights, packed_linear
 from attnkit.data import read_lines
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.decode import DecodeOptions, Ensemble, Translator, beam_search, greedy_search
 from attnkit.errors import ConfigError
 from attnkit.models import Transformer
-from attnkit.nn import FeedForward, Linear, PackedWeights, int8_scheme, linear, prepacked
+from attnkit.nn import FeedForward
 from conftest import tiny_model_config
 from test_int8 import int8_reference, needs_int8
 
@@ -63,16 +66,19 @@ def test_swish_is_a_config_choice_and_other_names_are_refused():
 
 
 def test_swish_ffn_is_silu_when_training_and_in_a_packed_step():
-    """Training (gradients recorded: F.linear, then the activation) and inference in a prepacked scope (oneDNN with
-    swish fused into the product, what every decoding step runs) both compute W2 silu(W1 x + b1) + b2."""
+    """Training (gradients recorded: F.linear, then the activation) and inference through for_inference's
+    PackedFeedForward (oneDNN with swish fused into the product, what every decoding step runs) both compute
+    W2 silu(W1 x + b1) + b2."""
     torch.manual_seed(1)
     ffn, x = FeedForward(16, 32, activation="swish"), torch.randn(2, 5, 16)
     training = ffn.train()(x)
     assert training.requires_grad
     torch.testing.assert_close(training, ffn_reference(ffn, x), atol=1e-6, rtol=1e-6)
-    with torch.inference_mode(), prepacked():
-        step = ffn.eval()(x[:, :1])
-        fused = linear(x, ffn.w1.weight, ffn.w1.bias, activation="swish")
+    fast = for_inference(nn.Sequential(ffn.eval()))[0]
+    assert isinstance(fast, PackedFeedForward)
+    with torch.inference_mode():
+        step = fast(x[:, :1])
+        fused = packed_linear(PackedWeights(), x, ffn.w1.weight, ffn.w1.bias, activation="swish")
     torch.testing.assert_close(step, ffn_reference(ffn, x[:, :1]), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused, F.silu(F.linear(x, ffn.w1.weight, ffn.w1.bias)), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(fused, F.relu(F.linear(x, ffn.w1.weight, ffn.w1.bias)), atol=1e-3)
@@ -82,10 +88,10 @@ def test_swish_ffn_is_silu_when_training_and_in_a_packed_step():
 @pytest.mark.parametrize("rows", [None, (3, 11)])
 def test_int8_swish_product_is_silu_of_the_quantised_product(rows):
     torch.manual_seed(0)
-    lin, x = Linear(64, 24), torch.randn(2, 7, 64)
+    lin, x = nn.Linear(64, 24), torch.randn(2, 7, 64)
     w, b = (lin.weight, lin.bias) if rows is None else (lin.weight[rows[0] : rows[1]], lin.bias[rows[0] : rows[1]])
-    with torch.no_grad(), prepacked(PackedWeights(int8=True)):
-        out = linear(x, lin.weight, lin.bias, rows=rows, activation="swish")
+    with torch.no_grad():
+        out = packed_linear(PackedWeights(int8=True), x, lin.weight, lin.bias, rows=rows, activation="swish")
     ref = F.silu(int8_reference(x, w, b, int8_scheme())).float()
     scale = ref.abs().max().item()
     assert (out - ref).abs().max().item() < 1e-3 * scale
@@ -96,20 +102,21 @@ def test_int8_swish_product_is_silu_of_the_quantised_product(rows):
 @pytest.mark.parametrize("tables", [dict(), dict(share_embeddings=False, tie_output=False, tgt_vocab_size=30)],
                          ids=["tied", "untied"])
 def test_cached_steps_equal_teacher_forcing_with_swish_and_output_bias(tables):
-    """The cached step in a prepacked scope (fused swish, the bias on the packed output product) against teacher
-    forcing without one (F.linear, F.silu): the same log-probabilities, reordering included."""
+    """The cached step of the inference copy (fused swish, the bias on the packed output product) against teacher
+    forcing by the plain model (F.linear, F.silu): the same log-probabilities, reordering included."""
     m = biased_model(**tables)
+    fast = for_inference(m)
     src = torch.cat([ids(2, 7), torch.cat([ids(1, 4, 5), torch.full((1, 3), PAD_ID)], 1)])
     tgt = ids(3, 6, 1, m.config.tgt_vocab_size)
     full = m(src, tgt).log_softmax(-1)  # (B, T, V)
-    with torch.inference_mode(), prepacked():
-        state = m.init_state(m.encode(src))
+    with torch.inference_mode():
+        state = fast.init_state(fast.encode(src))
         for t in range(tgt.size(1)):
-            logp, state, _ = m.step(tgt[:, t], state)
+            logp, state, _ = fast.step(tgt[:, t], state)
             torch.testing.assert_close(logp, full[:, t], atol=1e-5, rtol=1e-5)
         perm = torch.tensor([2, 0, 1])
-        a, _, _ = m.step(tgt[:, 0], state)
-        b, _, _ = m.step(tgt[perm, 0], state.reorder(perm))
+        a, _, _ = fast.step(tgt[:, 0], state)
+        b, _, _ = fast.step(tgt[perm, 0], state.reorder(perm))
     torch.testing.assert_close(b, a[perm])
 
 
@@ -124,8 +131,8 @@ def test_output_bias_shifts_every_logit_by_its_value_on_every_path():
                                rtol=0)
     torch.testing.assert_close(m.attention(src, tgt)[0] - zero.attention(src, tgt)[0],
                                m.out_bias.expand(2, 5, -1).detach(), atol=1e-5, rtol=0)
-    with torch.inference_mode(), prepacked():
-        first = [model.step(tgt[:, 0], model.init_state(model.encode(src)))[0] for model in (m, zero)]
+    with torch.inference_mode():
+        first = [fast.step(tgt[:, 0], fast.init_state(fast.encode(src)))[0] for fast in map(for_inference, (m, zero))]
     # log-probabilities: the bias up to one constant per row (the normaliser)
     shift = first[0] - first[1] - m.out_bias
     torch.testing.assert_close(shift, shift[:, :1].expand_as(shift), atol=1e-5, rtol=0)
@@ -137,15 +144,14 @@ def test_int8_output_product_carries_the_bias():
     zero = without_bias(m)
     src, tgt = ids(2, 6), ids(2, 5, 1)
     with torch.inference_mode():
-        with prepacked(PackedWeights(int8=True)):
-            quantised = m(src, tgt), zero(src, tgt)
+        quantised = for_inference(m, int8=True)(src, tgt), for_inference(zero, int8=True)(src, tgt)
         exact = m(src, tgt)
     torch.testing.assert_close(quantised[0] - quantised[1], m.out_bias.expand(2, 5, -1), atol=1e-4, rtol=0)
     assert not torch.equal(quantised[0], exact)  # int8 really ran
     with torch.no_grad():
         m.out_bias[TOKEN] = 50.0
-    with prepacked(PackedWeights(int8=True)):  # the search runs in this scope: int8 steps
-        assert [h[0].tokens for h in greedy_search(m, ids(3, 5), max_len_a=0.0, max_len_b=6)] == [[TOKEN] * 6] * 3
+    fast = for_inference(m, int8=True)  # the search runs on its int8 steps
+    assert [h[0].tokens for h in greedy_search(fast, ids(3, 5), max_len_a=0.0, max_len_b=6)] == [[TOKEN] * 6] * 3
 
 
 def test_greedy_beam_and_ensembles_follow_a_large_output_bias():

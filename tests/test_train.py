@@ -382,9 +382,9 @@ def test_weight_decay_reaches_the_vectors_only_when_asked(tmp_path, data_dir, de
 
 
 def test_bf16_training_on_a_cpu_without_bf16_instructions_says_so(tmp_path, data_dir, monkeypatch):
-    from attnkit import runtime
+    from attnkit.cpu import process
 
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(process, "cpu_flags", lambda: {"avx2", "fma"})
     Trainer(tiny_run_config(max_steps=1, dtype="bfloat16"), data_dir, tmp_path / "bf16", progress=False).fit()
     Trainer(tiny_run_config(max_steps=1), data_dir, tmp_path / "fp32", progress=False).fit()
     assert "no bf16 instructions" in (tmp_path / "bf16" / "train.log").read_text()

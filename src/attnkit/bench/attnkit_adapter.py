@@ -4,12 +4,13 @@ mt-opus-* workloads the model is the opus-mt-shape MarianMTModel directory impor
 importer (bench.opus), loaded as `attnkit translate` loads a checkpoint.
 
 The bench's measuring processes are attnkit's own, so they take the allocator setting the `attnkit` command
-takes for decoding (`attnkit.runtime.keep_freed_memory`, glibc keeps freed memory for reuse); the tables'
+takes for decoding (`attnkit.cpu.keep_freed_memory`, glibc keeps freed memory for reuse); the tables'
 notes say so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import weakref
@@ -23,21 +24,25 @@ from torch import nn
 from attnkit import __version__
 from attnkit.bench import opus
 from attnkit.bench.catalog import MT_DECODING, OPUS_WORKLOADS
+from attnkit.bench.int8_families import saturating_side
 from attnkit.bench.workloads import LMAdapter, LMShape, Mems, MTAdapter, MTShape, Toolkit, decoding_only
 from attnkit.checkpoint import load_checkpoint, model_from
 from attnkit.config import EOS_ID, PAD_ID, UNK_ID, RNNLMConfig, TransformerConfig, TransformerXLConfig
+from attnkit.cpu import for_inference, int8_kernels, int8_unavailable, keep_freed_memory, training_scope
 from attnkit.decode import beam_search, greedy_search
 from attnkit.models import Transformer, build_model
-from attnkit.nn import PackedWeights, int8_kernels, int8_unavailable, prepacked
-from attnkit.runtime import keep_freed_memory
 
-# The benchmarks never change a model's weights: its prepacked copies are made once, as a Translator's are.
-_PACKED: weakref.WeakKeyDictionary[nn.Module, dict[bool, PackedWeights]] = weakref.WeakKeyDictionary()
+# The benchmarks never change a model's weights: its inference copy is made once, as a Translator's is.
+_FAST: weakref.WeakKeyDictionary[nn.Module, dict[bool, nn.Module]] = weakref.WeakKeyDictionary()
 
 
-def packed_for(model: nn.Module, int8: bool = False) -> PackedWeights:
-    per_kind = _PACKED.setdefault(model, {})
-    return per_kind.setdefault(int8, PackedWeights(int8=int8))
+def inference_copy(model: nn.Module, int8: bool = False) -> nn.Module:
+    """attnkit.cpu.for_inference(model), made once per model and int8 setting (int8: the scheme from
+    attnkit.bench.int8_families' variable)."""
+    per_kind = _FAST.setdefault(model, {})
+    if int8 not in per_kind:
+        per_kind[int8] = for_inference(model, int8=int8, saturating=saturating_side())
+    return per_kind[int8]
 
 
 def attnkit_mt_build(s: MTShape) -> nn.Module:
@@ -51,8 +56,8 @@ def attnkit_mt_build(s: MTShape) -> nn.Module:
 def attnkit_mt_generate(model: nn.Module, src: torch.Tensor, beam: int, n_new: int, int8: bool = False) -> torch.Tensor:
     """Exactly n_new tokens per source (EOS blocked by min_len) -> (B, n_new)."""
     kw = dict(max_len_a=0.0, max_len_b=n_new, min_len=n_new)
-    with prepacked(packed_for(model, int8)):
-        hyps = greedy_search(model, src, **kw) if beam == 1 else beam_search(model, src, beam=beam, **kw)
+    fast = inference_copy(model, int8)
+    hyps = greedy_search(fast, src, **kw) if beam == 1 else beam_search(fast, src, beam=beam, **kw)
     return torch.tensor([h[0].tokens for h in hyps])
 
 
@@ -73,9 +78,19 @@ def attnkit_lstm_build(s: LMShape) -> nn.Module:
                                               dropout=s.dropout))
 
 
+@contextlib.contextmanager
+def attnkit_training(model: nn.Module, device: torch.device, tokens: int, dtype: str):
+    """What attnkit's trainer opens around its steps: the CPU room's training scope, its rows padded for `tokens`
+    per step where `dtype`'s kernel builds are costly (attnkit.cpu.training_scope)."""
+    scope = training_scope(device, tokens)
+    with scope.applied(model), scope.precision(dtype):
+        yield
+
+
 def attnkit_lm_forward(model: nn.Module, x: torch.Tensor, mems: Mems, s: LMShape) -> tuple[torch.Tensor, Mems]:
-    with prepacked(packed_for(model)):
-        return model(x, mems, mem_len=s.memory)  # logits (B, T, V), memory L x (B, <= M, D) (vanilla: [])
+    """Training: the model itself (its training scope open); evaluation: its inference copy."""
+    run = model if model.training else inference_copy(model)
+    return run(x, mems, mem_len=s.memory)  # logits (B, T, V), memory L x (B, <= M, D) (vanilla: [])
 
 
 def attnkit_mt_logits(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -144,15 +159,16 @@ MARIAN_NOTES = ("the MarianMTModel directory imported once by attnkit.formats.ma
                 "tokens: EOS banned before T, and one more decoder step, where the search ends the sentence with EOS")
 ATTNKIT = Toolkit(
     name="attnkit", version=__version__,
-    mt=MTAdapter(attnkit_mt_build, attnkit_mt_logits, attnkit_mt_generate, MT_NOTES),
+    mt=MTAdapter(attnkit_mt_build, attnkit_mt_logits, attnkit_mt_generate, MT_NOTES, attnkit_training),
     marian=MTAdapter(attnkit_marian_build, decoding_only, attnkit_marian_generate, MARIAN_NOTES),
     lm={"xl": LMAdapter(attnkit_lm_build("transformer-xl"), attnkit_lm_forward,
-                        "TransformerXL: post-LN, ReLU, relative sinusoidal positions with u/v biases, tied"),
+                        "TransformerXL: post-LN, ReLU, relative sinusoidal positions with u/v biases, tied",
+                        attnkit_training),
         "vanilla": LMAdapter(attnkit_lm_build("vanilla-lm"), attnkit_lm_forward,
-                             "VanillaLM: post-LN, ReLU, absolute sinusoidal positions, tied"),
+                             "VanillaLM: post-LN, ReLU, absolute sinusoidal positions, tied", attnkit_training),
         "lstm": LMAdapter(attnkit_lstm_build, attnkit_lm_forward,
                           "LSTMLM: nn.LSTM's cells a layer at a time, time-major, attnkit's dropout between them, "
-                          "embeddings scaled by sqrt(D), tied")},
+                          "embeddings scaled by sqrt(D), tied", attnkit_training)},
 )
 
 

@@ -4,20 +4,19 @@ fbgemm and oneDNN pick their int8 kernels once per process from the CPU, capped 
 (the `x86` and `fbgemm` engines' dynamic linear) and `ONEDNN_MAX_CPU_ISA` (the `onednn` engine). Each family
 below is an engine plus the variable that forces its kernels, the CPU flags they need (a family the CPU lacks
 would silently run another), and whether they add pairs of products in 16 bits (AVX2, AVX-512 without VNNI), where
-`attnkit.nn.int8_scheme` must find 7-bit weights (or, with ATTNKIT_INT8_SATURATING=inputs, 7-bit inputs) instead
+`attnkit.cpu.int8_scheme` must find 7-bit weights (or, with ATTNKIT_INT8_SATURATING=inputs, 7-bit inputs) instead
 of the 8 + 8 bits that kernels accumulating in 32 bits sum exactly.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, field
 
 import torch
 
+from attnkit.cpu import cpu_flags
 from attnkit.errors import ConfigError
-from attnkit.runtime import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -65,16 +64,21 @@ def environment(name: str, saturating: str = "weights") -> dict[str, str]:
 
 
 def apply_engine() -> None:
-    """In a process started with `environment(...)`: switch to its family's quantized engine and 7-bit side. For the
-    entry points of tests and measurement scripts only (it changes process-wide state, which a library call never
-    does)."""
+    """In a process started with `environment(...)`: switch to its family's quantized engine. For the entry points
+    of tests and measurement scripts only (it changes process-wide state, which a library call never does)."""
     if engine := os.environ.get(ENGINE_VARIABLE):
         torch.backends.quantized.engine = engine
-    if saturating := os.environ.get(SATURATING_VARIABLE):
-        if saturating not in ("weights", "inputs"):
-            raise ConfigError(f"{SATURATING_VARIABLE} must be weights or inputs; got {saturating!r}")
-        # the module, not the function attnkit.nn exports under the same name
-        importlib.import_module("attnkit.nn.linear").SATURATING = saturating
+    saturating_side()  # a bad value fails here, at the start
 
 
-__all__ = ["FAMILIES", "SATURATING_VARIABLE", "Family", "apply_engine", "cpu_flags", "environment", "unavailable"]
+def saturating_side() -> str:
+    """The 7-bit side on saturating kernels this process was started with (`environment`): "weights" (the default)
+    or "inputs", what attnkit.cpu.for_inference's `saturating` takes."""
+    saturating = os.environ.get(SATURATING_VARIABLE, "weights")
+    if saturating not in ("weights", "inputs"):
+        raise ConfigError(f"{SATURATING_VARIABLE} must be weights or inputs; got {saturating!r}")
+    return saturating
+
+
+__all__ = ["FAMILIES", "SATURATING_VARIABLE", "Family", "apply_engine", "cpu_flags", "environment", "saturating_side",
+           "unavailable"]

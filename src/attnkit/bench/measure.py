@@ -47,12 +47,14 @@ from attnkit.bench.workloads import (
     MTShape,
     Shapes,
     Toolkit,
+    TrainingContext,
     lm_eval_data,
     lm_train_batch,
     lm_train_data,
     mt_batch,
     mt_shape,
     opus_sources,
+    plain_training,
 )
 from attnkit.runtime import autocast as device_autocast
 from attnkit.runtime import peak_resident_mb
@@ -157,13 +159,15 @@ def toolkit(name: str) -> Toolkit:
 # --- training throughput ---------------------------------------------------------------------------
 @dataclass
 class TrainCase:
-    """A model and the loss of training step i; `tokens` = predicted tokens per step."""
+    """A model and the loss of training step i; `tokens` = predicted tokens per step; `training`: what the
+    library opens around its training steps (TrainingContext)."""
 
     model: nn.Module
     loss: Callable[[int, str], torch.Tensor]  # (step, dtype) -> scalar
     tokens: int
     steps: int  # batches the data holds (warm-up + timed)
     device: torch.device = CPU
+    training: TrainingContext = plain_training
 
 
 def mt_train_case(adapter: MTAdapter, s: MTShape, device: torch.device = CPU) -> TrainCase:
@@ -175,7 +179,7 @@ def mt_train_case(adapter: MTAdapter, s: MTShape, device: torch.device = CPU) ->
             logits = adapter.logits(model, src, tgt_in)  # (B, T, V)
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), tgt.reshape(-1), label_smoothing=0.1)
 
-    return TrainCase(model, loss, tgt.numel(), s.warmup + s.steps, device)
+    return TrainCase(model, loss, tgt.numel(), s.warmup + s.steps, device, adapter.training)
 
 
 def lm_train_case(adapter: LMAdapter, s: LMShape) -> TrainCase:
@@ -190,11 +194,12 @@ def lm_train_case(adapter: LMAdapter, s: LMShape) -> TrainCase:
             logits, mems = adapter.forward(model, x, mems, s)  # (B, T, V)
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
-    return TrainCase(model, loss, s.batch * s.segment, s.warmup + s.steps)
+    return TrainCase(model, loss, s.batch * s.segment, s.warmup + s.steps, training=adapter.training)
 
 
 def train_throughput(case: TrainCase, warmup: int, dtype: str) -> dict:
-    """Full steps (zero_grad .. opt.step), `warmup` untimed, the rest timed; then one counted step."""
+    """Full steps (zero_grad .. opt.step) inside the library's training context, `warmup` untimed, the rest timed;
+    then one counted step of the plain model."""
     opt = torch.optim.Adam(case.model.parameters(), betas=(0.9, 0.98), eps=1e-9)
     step_i = 0
 
@@ -205,7 +210,8 @@ def train_throughput(case: TrainCase, warmup: int, dtype: str) -> dict:
         opt.step()
         step_i += 1
 
-    sec = timed(step, warmup, case.steps - warmup, case.device)
+    with case.training(case.model, case.device, case.tokens, dtype):
+        sec = timed(step, warmup, case.steps - warmup, case.device)
     flops = count_step_flops(case.model, lambda: case.loss(case.steps - 1, dtype))  # full memory, last batch
     return {"tok_s": case.tokens / sec, "step_s": sec, "flops_per_step": flops, "gflop_s": flops / sec / 1e9}
 

@@ -8,6 +8,7 @@ D model dim, N evaluation tokens.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -150,12 +151,23 @@ def lm_eval_data(shape: LMShape = LMShape()) -> torch.Tensor:
 
 
 # --- toolkits: what a workload needs from a library ------------------------------------------------
+# What a library opens around its training steps, as its own training loop does: (model, device, tokens per step,
+# dtype) -> a context manager. attnkit's is its CPU room's training scope; a library with none gets plain_training.
+TrainingContext = Callable[[nn.Module, torch.device, int, str], contextlib.AbstractContextManager]
+
+
+def plain_training(model: nn.Module, device: torch.device, tokens: int, dtype: str
+                   ) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class MTAdapter:
     build: Callable[[MTShape], nn.Module]
     logits: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # src (B, S), tgt_in (B, T) -> (B, T, V)
     generate: Callable[[nn.Module, torch.Tensor, int, int], torch.Tensor]  # src (B, S), beam, n_new -> (B, n_new)
     notes: str
+    training: TrainingContext = plain_training
 
 
 def decoding_only(model: object, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -168,6 +180,7 @@ class LMAdapter:
     build: Callable[[LMShape], nn.Module]
     forward: Callable[[nn.Module, torch.Tensor, Mems, LMShape], tuple[torch.Tensor, Mems]]  # x (B, T) -> (B, T, V)
     notes: str
+    training: TrainingContext = plain_training
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,11 @@ def tune_process(args: argparse.Namespace) -> None:
     """Process-wide settings that pay for one kind of work; the command owns its process, the library never."""
     trains = getattr(args, "trains", False)
     if trains or getattr(args, "keeps_freed_memory", False):  # the verbs that train or decode
-        from attnkit import runtime
+        from attnkit.cpu import bound_kernel_caches, keep_freed_memory
 
-        runtime.keep_freed_memory()
+        keep_freed_memory()
         if trains:
-            runtime.bound_kernel_caches(trains)
+            bound_kernel_caches(trains)
 
 
 ATTNKIT_SOURCE = Path(__file__).resolve().parents[1]  # the package's folder

@@ -120,7 +120,7 @@ def add_trust_option(p: argparse.ArgumentParser) -> None:
 
 def add_train_options(t: argparse.ArgumentParser, prepared_by: str, default_config: str, trains: str) -> None:
     """The options every training verb shares; it also takes dotted config overrides. `trains`: "translation" or
-    "lm", what the verb trains (the process is tuned for it: `attnkit.runtime.bound_kernel_caches`)."""
+    "lm", what the verb trains (the process is tuned for it: `attnkit.cpu.bound_kernel_caches`)."""
     t.set_defaults(trains=trains)
     add_overrides(t)
     t.add_argument("--data", required=True, help=f"folder written by `{prepared_by}`")

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit.cpu import for_inference
 from attnkit.decode.search import filter_logits
 from attnkit.errors import AttnkitError
 from attnkit.models.transformer_xl import LanguageModel, Mems
-from attnkit.nn import prepacked
 
 ABSOLUTE_POSITIONS = ("vanilla-lm", "recurrent-vanilla-lm")  # kinds that learned positions 0 .. tgt_len - 1 only
 
@@ -160,7 +160,6 @@ def open_context(model: LanguageModel, rule: ContextRule) -> LMContext:
 
 
 @torch.no_grad()
-@prepacked()
 def generate(model: LanguageModel, prompt: torch.Tensor, n_new: int, rule: ContextRule, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              generator: torch.Generator | None = None,
@@ -168,7 +167,7 @@ def generate(model: LanguageModel, prompt: torch.Tensor, n_new: int, rule: Conte
     """Sample n_new tokens after prompt (B, P) -> (B, n_new), reading by `rule` (`context_rule`); `on_token` sees
     each step's tokens (B, 1) as they are drawn (a service streams them; an exception it raises stops the
     sampling)."""
-    model.eval()
+    model = for_inference(model.eval())
     context = open_context(model, rule)
     logits = context.feed(prompt)  # (B, V)
     out = []

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnkit.cpu import int8_unavailable
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import ConfigError
-from attnkit.nn import int8_unavailable
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from attnkit.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from attnkit.nn import prepacked
 
 
 @contextlib.contextmanager
@@ -31,12 +30,11 @@ def evaluating(model) -> Iterator[None]:
 
 
 def search(fn: Callable) -> Callable:
-    """A search `fn(model, src, ...)` runs under inference_mode with the model in eval mode (restored after),
-    its linear maps prepacked (in the caller's `prepacked` scope, else in one of its own)."""
+    """A search `fn(model, src, ...)` runs under inference_mode with the model in eval mode (restored after)."""
 
     @functools.wraps(fn)
     def run(model, *args, **kw):
-        with torch.inference_mode(), evaluating(model), prepacked():
+        with torch.inference_mode(), evaluating(model):
             return fn(model, *args, **kw)
 
     return run

@@ -16,6 +16,7 @@ import torch
 
 from attnkit.checkpoint import check_same_tokenizers, load_checkpoint, model_from
 from attnkit.config import TransformerConfig
+from attnkit.cpu import for_inference
 from attnkit.data.batching import collate
 from attnkit.data.target_tags import TargetTags
 from attnkit.data.text import check_unicode
@@ -28,15 +29,14 @@ from attnkit.decode.options import DecodeOptions, Translation, pad_nbest, usable
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
-from attnkit.nn import PackedWeights, prepacked
 from attnkit.runtime import resolve_device
 
 
 class Translator:
     """`Translator.from_checkpoint(path).translate(["ein Satz"], beam=5)` -> translations with scores.
 
-    A Translator takes its model's weights as fixed: it keeps prepacked copies of them for its searches
-    (`attnkit.nn.linear`). Build a new one after the weights change (a training loop's evaluation does).
+    Its searches run `attnkit.cpu.for_inference`'s copy of the model, which shares its weights and keeps prepacked
+    copies of them, rebuilt when a weight changes.
     `quantize="int8"` keeps int8 copies instead (CPU only; where they would not be fast, a warning says why
     and the Translator stays in float32: `self.quantize` is what it runs).
 
@@ -54,7 +54,7 @@ class Translator:
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.max_src_len = model.config.max_positions - 1  # room for the source EOS
         self.quantize = usable_quantization(quantize, self.device)
-        self.packed = PackedWeights(int8=self.quantize == "int8")
+        self.fast = for_inference(self.model, int8=self.quantize == "int8")  # what the searches run
         self.lang_tags = TargetTags(src_tok, target_tag)  # MarianTokenizer's rule (attnkit.data.target_tags)
 
     @property
@@ -128,8 +128,8 @@ class Translator:
         if opts.sampling:
             return self._sample(src, opts, common)
         if opts.beam == 1:
-            return greedy_search(self.model, src, **common)
-        return beam_search(self.model, src, beam=opts.beam, nbest=opts.nbest, len_penalty=opts.len_penalty,
+            return greedy_search(self.fast, src, **common)
+        return beam_search(self.fast, src, beam=opts.beam, nbest=opts.nbest, len_penalty=opts.len_penalty,
                            len_style=opts.len_style, **common)
 
     def _sample(self, src: torch.Tensor, opts: DecodeOptions, common: dict) -> list[list[Hypothesis]]:
@@ -139,7 +139,7 @@ class Translator:
         rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
         if common["prefix"] is not None:
             common = {**common, "prefix": common["prefix"].index_select(0, rows)}
-        drawn = sample(self.model, src.index_select(0, rows), temperature=opts.temperature, top_k=opts.top_k,
+        drawn = sample(self.fast, src.index_select(0, rows), temperature=opts.temperature, top_k=opts.top_k,
                        top_p=opts.top_p, generator=gen, **common)
         return [sorted((h for hyps in drawn[i * n : (i + 1) * n] for h in hyps), key=lambda h: -h.score)
                 for i in range(src.size(0))]
@@ -173,9 +173,8 @@ class Translator:
                                 lambda n, src_len: self.search_bytes(n, src_len, opts, need_attention),
                                 batch_size=batch_size, max_tokens=max_tokens, budget=budget, knob=knob):
             batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(self.device)
-            with prepacked(self.packed):
-                nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
-                                     need_attention=need_attention)
+            nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
+                                 need_attention=need_attention)
             for j, i in enumerate(idx):
                 n_src = int(batch.src[j].ne(0).sum())
                 src_pieces = self.src_tok.pieces(batch.src[j, :n_src].tolist())
@@ -226,8 +225,7 @@ class Translator:
         for start in range(0, len(sources), batch_size):
             idx = list(range(start, min(start + batch_size, len(sources))))
             batch = collate([(src_ids[i], tgt_ids[i]) for i in idx], idx).to(self.device)
-            with prepacked(self.packed):
-                out += score_targets(self.model, batch.src, batch.tgt_in, batch.tgt_out).tolist()
+            out += score_targets(self.fast, batch.src, batch.tgt_in, batch.tgt_out).tolist()
         return out
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit.cpu import for_inference
 from attnkit.eval.lm import LMScores, scored_segments
-from attnkit.nn import prepacked
 
 THETAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # hidden states' dot products differ by model: a wide, log grid
 LAMBDAS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
@@ -84,13 +84,12 @@ class CacheSweep:
 
 
 @torch.no_grad()
-@prepacked()
 def evaluate_cache(model, ids: torch.Tensor, *, size: int, thetas: Sequence[float] = THETAS,
                    lambdas: Sequence[float] = LAMBDAS, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
                    ext_len: int = 0, batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
                    dtype: str = "float32") -> CacheSweep:
     """Score ids (N,) as `evaluate_segments` does, and with a cache of `size` states for every (theta, lambda)."""
-    model.eval()
+    model = for_inference(model.eval())
     states: list[torch.Tensor] = []  # the final norm's output is what the softmax reads: (B, T', D)
     handle = model.final_norm.register_forward_hook(lambda module, args, out: states.append(out))
     cache, static, n = StreamCache(size), 0.0, 0

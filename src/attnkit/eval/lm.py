@@ -28,6 +28,7 @@ Two ways to score chosen tokens only:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,11 +36,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnkit.cpu import for_inference
 from attnkit.data.lm import LMStreams
-from attnkit.nn import prepacked
 from attnkit.runtime import autocast
 
 Reduce = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (k, V) log-probabilities, (k,) tokens -> (k, F)
+
+
+def _inference_copy(fn: Callable) -> Callable:
+    """`fn(model, ...)` run on `attnkit.cpu.for_inference(model)` (prepacked products, CPU attention)."""
+
+    @functools.wraps(fn)
+    def run(model, *args, **kw):
+        return fn(for_inference(model), *args, **kw)
+
+    return run
 
 
 @dataclass
@@ -90,7 +101,7 @@ def scored_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0,
 
 
 @torch.no_grad()
-@prepacked()
+@_inference_copy
 def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 0, clamp_len: int = 0,
                       ext_len: int = 0, batch_size: int = 1, max_tokens: int = 0, device: torch.device | str = "cpu",
                       dtype: str = "float32", keep_tokens: bool = False) -> LMScores:
@@ -112,7 +123,7 @@ def evaluate_segments(model, ids: torch.Tensor, *, tgt_len: int, mem_len: int = 
 
 
 @torch.no_grad()
-@prepacked()
+@_inference_copy
 def evaluate_sliding_window(model, ids: torch.Tensor, *, window: int, batch_size: int = 16, max_tokens: int = 0,
                             device: torch.device | str = "cpu", dtype: str = "float32") -> LMScores:
     """Score ids[1:] with every token p predicted from ids[max(0, p-W) : p], one prediction per window.
@@ -170,7 +181,7 @@ def _read_window(model, x: torch.Tensor, y: torch.Tensor | None, *, segment: int
 
 
 @torch.no_grad()
-@prepacked()
+@_inference_copy
 def evaluate_windows(model, ids: torch.Tensor, positions: Sequence[int], *, context: int, segment: int | None = None,
                      clamp_len: int = 0, batch_size: int = 32, device: torch.device | str = "cpu",
                      dtype: str = "float32") -> torch.Tensor:
@@ -189,7 +200,7 @@ def evaluate_windows(model, ids: torch.Tensor, positions: Sequence[int], *, cont
 
 
 @torch.no_grad()
-@prepacked()
+@_inference_copy
 def window_log_probs(model, ids: torch.Tensor, positions: Sequence[int], *, context: int, segment: int | None = None,
                      clamp_len: int = 0, batch_size: int = 32, reduce: Reduce | None = None,
                      device: torch.device | str = "cpu", dtype: str = "float32") -> torch.Tensor:
@@ -206,7 +217,7 @@ def window_log_probs(model, ids: torch.Tensor, positions: Sequence[int], *, cont
 
 
 @torch.no_grad()
-@prepacked()
+@_inference_copy
 def stream_log_probs(model, rows: torch.Tensor, row: Sequence[int], col: Sequence[int], *, tgt_len: int,
                      mem_len: int = 0, clamp_len: int = 0, reduce: Reduce | None = None,
                      device: torch.device | str = "cpu", dtype: str = "float32") -> torch.Tensor:

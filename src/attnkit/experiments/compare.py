@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from attnkit import config as cfgmod
+from attnkit.cpu import for_inference
 from attnkit.data import TokenBatchSampler, iterate_batches, load_split, read_lines
 from attnkit.data.dataset import data_languages
 from attnkit.decode import DecodeOptions, Translator, score_targets
@@ -33,7 +34,6 @@ from attnkit.eval import translate_and_score
 from attnkit.experiments.rows import ANCESTORS, PARTS
 from attnkit.experiments.runs import clear_run, record_run, refuse_other_run, run_identity
 from attnkit.experiments.tables import cell, write_table
-from attnkit.nn import prepacked
 from attnkit.viz.figure import finish, subplots
 
 SPLITS = {"dev": "valid", "test": "test"}  # table prefix -> split name in a prepared data folder
@@ -60,13 +60,12 @@ class ModelResult:
 
 
 @torch.no_grad()
-@prepacked()
 def split_perplexity(model: torch.nn.Module, data_dir: str | Path, split: str, *, max_tokens: int = 4096,
                      device: torch.device | str = "cpu") -> float:
     """exp(mean NLL per target token, EOS included) of a prepared split under teacher forcing."""
     data = load_split(data_dir, split)
     sampler = TokenBatchSampler(data.src_lens, data.tgt_lens, max_tokens, shuffle=False)
-    model.eval()
+    model = for_inference(model.eval())
     logp = tokens = 0.0
     for batch in iterate_batches(data, sampler.batches(0)):
         batch = batch.to(device)

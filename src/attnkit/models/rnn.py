@@ -36,8 +36,6 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnkit.config import PAD_ID, RNNConfig, family
 from attnkit.errors import AttnkitError
 from attnkit.models.seq2seq import Seq2Seq
-from attnkit.nn import Dropout
-from attnkit.nn.outputs import step_log_probs
 
 BASELINE_DECAY = 0.9  # REINFORCE moving-average baseline, b <- 0.9 b + 0.1 reward (Xu et al. 2015, section 4.2)
 
@@ -132,7 +130,7 @@ class RNNSeq2Seq(Seq2Seq):
         self.decoder = rnn(self.decoder_input_size(), c.hidden, num_layers=c.n_decoder_layers, batch_first=True,
                            dropout=c.dropout if c.n_decoder_layers > 1 else 0.0)
         self.readout = nn.Linear(self.readout_input_size(), c.hidden)
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.out_proj = nn.Linear(c.hidden, c.tgt_vocab_size)
 
     @classmethod
@@ -193,7 +191,7 @@ class RNNSeq2Seq(Seq2Seq):
             self._require_attention()
         emb = self.dropout(self.tgt_embed(tokens))  # (B, E)
         features, state, attended = self._decoder_step(emb, state)
-        logp = step_log_probs(self.project(features))
+        logp = self.project(features).float().log_softmax(dim=-1)  # (B, V)
         return logp, state, ([attended.weights[:, None]] if need_weights else None)  # one layer, one "head"
 
     def decode(self, tgt_in: torch.Tensor, enc: RNNEncoded, *, need_weights: bool = False

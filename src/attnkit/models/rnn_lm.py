@@ -12,10 +12,9 @@ the last token it read, cut from the graph (truncated back-propagation through t
 AWD-LSTM trains). `mem_len` > 0 carries it to the next segment, 0 starts every segment from zeros; with extended
 context the state carried is the one before the last E tokens, which the next segment reads again.
 
-On a CPU the layers run one at a time, time-major, with attnkit's dropout between them (`layers_on_cpu`): the same
-oneDNN cells and parameters as `nn.LSTM`'s own multi-layer call, without its two batch-first transposes and with a
-cheaper dropout mask than its `bernoulli_` (benchmarks/lstm_layers.py times forward and backward both ways).
-Elsewhere `nn.LSTM` runs all layers at once (cuDNN wants its weights in one flat buffer).
+`self.rnn` is a plain `nn.LSTM` with its own dropout between layers. For training on a CPU attnkit.cpu has
+`LayerwiseLSTM` (attnkit/cpu/lstm.py), the same cells and Parameters a layer at a time, which can stand in for it
+without changing the state dict.
 """
 
 from __future__ import annotations
@@ -61,21 +60,4 @@ class LSTMLM(LanguageModel):
     def run_layers(self, h: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None):
         """h (T, B, D), state (h, c) (L, B, D) each or None (zeros) -> the last layer's outputs (T, B, D) and the
         final state (h, c) (L, B, D) each."""
-        if h.device.type != "cpu":
-            return self.rnn(h, state)
-        return self.layers_on_cpu(h, state)
-
-    def layers_on_cpu(self, h: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None):
-        """`run_layers`, one layer at a time, dropout between them as `nn.LSTM`'s (module docstring)."""
-        finals = []
-        if state is None:
-            zeros = h.new_zeros(self.config.n_layers, h.size(1), self.config.d_model)  # (L, B, D)
-            state = (zeros, zeros)
-        for i, weights in enumerate(self.rnn.all_weights):  # [W_ih, W_hh, b_ih, b_hh] of layer i
-            if i:
-                h = self.dropout(h)
-            # (T, B, D), its final (1, B, D) x 2; args: biases, 1 layer, no dropout, train, one direction, time-major
-            h, *final = torch.lstm(h, (state[0][i : i + 1], state[1][i : i + 1]), weights, True, 1, 0.0,
-                                   self.training, False, False)
-            finals.append(final)
-        return h, tuple(torch.cat(f) for f in zip(*finals))  # (T, B, D); (L, B, D) x 2
+        return self.rnn(h, state)

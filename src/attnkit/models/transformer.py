@@ -30,19 +30,16 @@ from attnkit.models.seq2seq import Seq2Seq
 from attnkit.nn import (
     ConcatHeadsAttention,
     DecoderLayer,
-    Dropout,
     EncoderLayer,
     KVCache,
-    Linear,
     MultiHeadAttention,
     SharedQKAttention,
     key_padding_to_attn_mask,
-    linear,
     position_encoding,
 )
 from attnkit.nn.layers import StepWeights
 from attnkit.nn.norms import make_norm, norm_function
-from attnkit.nn.outputs import step_log_probs
+from attnkit.nn.outputs import Logits
 from attnkit.nn.shaw import self_attention_for
 
 
@@ -122,7 +119,7 @@ class Transformer(Seq2Seq):
         # A shared table is registered once, so the state dict (and the checkpoint) holds it once.
         self.own_tgt_embed = None if c.share_embeddings else self._embedding(c.tgt_vocab_size)
         self.positions = position_encoding(c.positions, c.d_model, c.max_positions)
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         block = dict(dropout=c.dropout if c.sublayer_dropout else 0.0, attention_dropout=c.attention_dropout,
                      activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first,
                      norm_eps=c.layer_norm_eps, attention=attention_class(c),
@@ -135,10 +132,11 @@ class Transformer(Seq2Seq):
         # Pre-LN stacks end with a LayerNorm (or `norm`); post-LN outputs are already normalised.
         self.encoder_norm = make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()
-        self.out_proj = None if c.tie_output else Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.out_proj = None if c.tie_output else nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         # Marian's final_logits_bias: one bias on the logits whether the output is tied or not, so it is a
         # Parameter of its own (`out_bias` in the state dict), not the untied projection's bias
         self.out_bias = nn.Parameter(torch.zeros(c.tgt_vocab_size)) if c.output_bias else None
+        self.logits = Logits()  # h W^T + b, with the weight from `output_layer`
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> Transformer:
@@ -169,7 +167,7 @@ class Transformer(Seq2Seq):
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, T, D) -> vocabulary logits (B, T, V). The one output product of `decode` and `step`."""
-        return linear(h, *self.output_layer())  # (B, T, D) @ (D, V) + (V,)
+        return self.logits(h, *self.output_layer())  # (B, T, D) @ (D, V) + (V,)
 
     # --- the seq2seq interface -------------------------------------------------------------
     def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Encoded:
@@ -260,6 +258,6 @@ class Transformer(Seq2Seq):
             new_kv.append(self_kv)
             if need_weights:
                 cross.append(w["cross"][:, :, 0])
-        logits = self.project(self.decoder_norm(y))[:, 0]  # (B, V)
+        log_probs = self.logits.log_probs(self.decoder_norm(y)[:, 0], *self.output_layer())  # (B, V)
         state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1, state.beams, layers)
-        return step_log_probs(logits), state, (cross if need_weights else None)
+        return log_probs, state, (cross if need_weights else None)

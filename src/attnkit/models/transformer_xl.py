@@ -53,7 +53,7 @@ from torch import nn
 
 from attnkit.config import TransformerXLConfig
 from attnkit.errors import ConfigError
-from attnkit.nn import Dropout, EncoderLayer, FeedForward, causal_mask, position_encoding, sinusoid_table
+from attnkit.nn import EncoderLayer, FeedForward, causal_mask, position_encoding, sinusoid_table
 from attnkit.nn.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
 from attnkit.nn.attention import KVCache
 from attnkit.nn.layers import Residual
@@ -132,7 +132,7 @@ class LanguageModel(nn.Module):
             raise ConfigError(f"model.cutoffs {c.cutoffs} must stay below the vocabulary size {c.vocab_size}")
         self.embed_scale = math.sqrt(c.d_model)  # as in both reference implementations
         self.embed = AdaptiveEmbedding(c.vocab_size, c.d_model, c.cutoffs, c.div_val)  # unit variance after scaling
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.final_norm = self.make_final_norm()
         # the output's own word vectors (`out_proj`, the untied output matrix's name), or tied: the input embedding's
         self.out_proj = None if c.tie_output else AdaptiveEmbedding(c.vocab_size, c.d_model, c.cutoffs, c.div_val)

@@ -6,11 +6,13 @@ from attnkit.nn.attention import (
     KVCache,
     MultiHeadAttention,
     SharedQKAttention,
+    StackedLinear,
+    eager_attention,
     scaled_dot_product,
+    sdpa_attention,
+    set_attention_function,
 )
-from attnkit.nn.dropout import Dropout, dropout
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
-from attnkit.nn.linear import Linear, PackedWeights, int8_kernels, int8_scheme, int8_unavailable, linear, prepacked
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import LearnedPositions, SinusoidalPositions, position_encoding, sinusoid_table
 
@@ -19,25 +21,20 @@ __all__ = [
     "AdaptiveLogSoftmax",
     "ConcatHeadsAttention",
     "DecoderLayer",
-    "Dropout",
     "EncoderLayer",
     "FeedForward",
     "KVCache",
     "LearnedPositions",
-    "Linear",
     "MultiHeadAttention",
-    "PackedWeights",
     "SharedQKAttention",
+    "StackedLinear",
     "SinusoidalPositions",
     "causal_mask",
-    "int8_kernels",
-    "int8_scheme",
-    "int8_unavailable",
-    "dropout",
+    "eager_attention",
     "key_padding_to_attn_mask",
-    "linear",
     "position_encoding",
-    "prepacked",
     "scaled_dot_product",
+    "sdpa_attention",
+    "set_attention_function",
     "sinusoid_table",
 ]

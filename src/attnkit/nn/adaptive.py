@@ -20,12 +20,11 @@ builds the whole (N, V) distribution, for sampling and per-position scoring.
 Every cluster takes part in every call, with an empty set of tokens when a batch has none of its words,
 so every parameter gets a gradient (zero): DDP needs no `find_unused_parameters`.
 
-A tail cluster's products run over its rows padded to a multiple of ROW_BUCKET (`bucketed`), and the padding's
-results are dropped: the count of a cluster's words changes with every batch, and under bf16 autocast on a CPU
-each new row count is a new oneDNN kernel to build, many an update in `lm-word-wt2` even with a large
-kernel cache (benchmarks/kernel_builds.sh counts them), while a few bucketed counts stay cached. The
-padded rows cost at most ROW_BUCKET - 1 rows of each cluster's products; values and gradients are those of the
-unpadded rows.
+A tail cluster's products can run over its rows padded to a multiple of `row_multiple` (`bucketed`; 0, the default:
+as they are), the padding's results dropped: the count of a cluster's words changes with every batch, and where each
+new row count costs a kernel to build (oneDNN under bf16 autocast) attnkit.cpu sets a multiple, so that a few
+bucketed counts stay cached (benchmarks/kernel_builds.sh counts the builds). Values and gradients are those of the
+unpadded rows (tests/test_adaptive.py).
 """
 
 from __future__ import annotations
@@ -48,13 +47,10 @@ def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
     return bounds
 
 
-ROW_BUCKET = 32  # a tail cluster's row count is padded to a multiple of this (module docstring)
-
-
-def bucketed(rows: torch.Tensor) -> torch.Tensor:
-    """Row positions (N_i,) -> (N_p,), N_p the next multiple of ROW_BUCKET: padded with copies of the first, whose
-    results the caller drops (the first N_i rows are `rows` itself). None stays none."""
-    pad = -rows.numel() % ROW_BUCKET
+def bucketed(rows: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Row positions (N_i,) -> (N_p,), N_p the next multiple of `multiple` (0: N_i): padded with copies of the first,
+    whose results the caller drops (the first N_i rows are `rows` itself)."""
+    pad = -rows.numel() % multiple if multiple else 0
     return rows if pad == 0 else torch.cat([rows, rows[:1].expand(pad)])
 
 
@@ -65,6 +61,8 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 class _Clustered(nn.Module):
     """Cluster bookkeeping shared by the embedding and the softmax."""
+
+    row_multiple = 0  # a tail cluster's rows are padded to a multiple of this (module docstring)
 
     def __init__(self, vocab_size: int, cutoffs: Sequence[int]):
         super().__init__()
@@ -121,7 +119,8 @@ class AdaptiveEmbedding(_Clustered):
         for i in range(self.n_clusters):
             rows = self.members(cluster, i)  # (N_i,)
             table, proj = self.cluster(i)
-            local = flat[rows if proj is None else bucketed(rows)] - self.bounds[i]  # (N_p,): padded for a product
+            padded = rows if proj is None else bucketed(rows, self.row_multiple)  # (N_p,): padded for a product
+            local = flat[padded] - self.bounds[i]  # (N_p,)
             vectors = F.embedding(local, table)  # (N_p, D_i)
             if proj is not None:
                 vectors = F.linear(vectors, proj)  # (N_p, D)
@@ -180,6 +179,7 @@ class AdaptiveLogSoftmax(_Clustered):
         nll = cross_entropy_rows(self.head_logits(flat, words), head_target)[0]  # (N,), float32 at least
         for i in range(1, self.n_clusters):
             rows = self.members(cluster, i)  # (N_i,)
-            tail = self.tail_logits(flat[bucketed(rows)], words, i)[: rows.numel()]  # (N_i, V_i) of (N_p, V_i)
+            padded = bucketed(rows, self.row_multiple)  # (N_p,)
+            tail = self.tail_logits(flat[padded], words, i)[: rows.numel()]  # (N_i, V_i) of (N_p, V_i)
             nll = nll.index_add(0, rows, cross_entropy_rows(tail, y[rows] - self.bounds[i])[0])
         return nll.view(targets.shape)

@@ -2,8 +2,9 @@
 
 B batch, T query length, S key length, H heads, Dh head dim, D = H * Dh model dim.
 
-The fast path is `torch.nn.functional.scaled_dot_product_attention` (fused kernels on CPU and CUDA);
-when the caller asks for the weights (pictures, alignments) the explicit path (`weigh`) computes
+The products with the keys and values are an attention function's, chosen outside the model (`sdpa_attention`:
+torch's fused kernels on CPU and CUDA, `eager_attention`: written out; attnkit.cpu has its own for small CPU
+batches); when the caller asks for the weights (pictures, alignments) the explicit path (`weigh`) computes
 softmax(QK^T / sqrt(Dh)) V and returns them. Variants (relative attention) build their own logits and
 reuse `weigh`. Two of the paper's parts can be switched off to see what they do: the 1 / sqrt(Dh) scale
 (`scaled=False`: raw dot products) and separate keys (`SharedQKAttention`: the keys are the queries' projection).
@@ -12,15 +13,13 @@ reuse `weigh`. Two of the paper's parts can be switched off to see what they do:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.nn.dropout import drop
-from attnkit.nn.float32_attention import attend_float32, float32_products_wanted
-from attnkit.nn.linear import Linear, linear
 from attnkit.nn.masks import causal_mask, mask_scores_
 
 
@@ -114,37 +113,56 @@ def scaled_dot_product(
     return weights @ v, weights  # (B, H, T, Dh), (B, H, T, S)
 
 
-def _short(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the explicit path beats CPU SDPA: several queries, few (query, key) pairs per head.
-
-    SDPA's CPU kernel works in blocks of queries and keys, with a fixed cost per (batch, head) that small
-    blocks do not repay: up to 4096 (query, key) pairs per head (beam search's cross-attention, the MT
-    workload's self-attention) the explicit products win, from about 128 x 128 SDPA does, and at one query
-    they are level (`attnkit bench --workloads mt-greedy mt-beam5` times both searches; tests/test_attention.py checks
-    the two paths agree).
-    """
-    return q.size(2) > 1 and q.size(2) * k.size(2) <= 4096
-
-
 def _normalise(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """softmax over keys; half-precision logits are normalised in float32, float32/float64 stay as they are."""
     return (scores.float() if scores.element_size() < 4 else scores).softmax(dim=-1).to(dtype)
 
 
-def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
-    """(B, H, 1, Dh) queries over (B, H, S, Dh) keys -> (B, 1, D): a decoding step's attention on CPU.
+class StackedLinear(nn.Linear):
+    """A linear map whose output rows stack several maps (W^Q; W^K; W^V): `part` applies the rows [start, stop)
+    alone, so a cross-attention projects its queries with W^Q and its memory with [W^K; W^V] from one Parameter."""
 
-    Two batched products over all B * H heads at once (the keys are read transposed, in place). SDPA's CPU
-    kernel takes each (batch, head) apart with two small products of its own, a fixed cost per head that a
-    decoding step's one query does not repay (`attnkit bench --workloads mt-greedy`).
-    """
-    b, h, _, dh = q.shape
-    scores = torch.bmm(q.reshape(b * h, 1, dh), k.flatten(0, 1).transpose(1, 2)).mul_(scale)  # (B*H, 1, S)
-    if mask is not None:  # (B or 1, 1, 1, S)
-        scores.view(b, h, 1, -1).masked_fill_(~mask, float("-inf"))
-    out = torch.bmm(_normalise(scores, v.dtype), v.flatten(0, 1))  # (B*H, 1, Dh)
-    return out.view(b, 1, h * dh)
+    def part(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """(..., K) -> (..., stop - start): x through rows start .. stop - 1 of the weight (and bias)."""
+        bias = None if self.bias is None else self.bias[start:stop]
+        return F.linear(x, self.weight[start:stop], bias)
+
+
+# An attention function: (module, q, k, v (B, H, T|S, Dh), mask, causal, need_weights) -> (out (B, T, D), weights or
+# None). Which one a model's attention calls is chosen outside the model (`set_attention_function`), as Hugging
+# Face's attention-function registry does: the paper's arithmetic is the same in each, its kernels are not.
+AttentionFunction = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def eager_attention(module: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                    mask: torch.Tensor | None, causal: bool, need_weights: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(mask(QK^T * scale)) V written out, dropout on the weights: ((B, T, D), weights (B, H, T, S))."""
+    return module.weigh(module.scores(q, k), v, mask=mask, causal=causal)
+
+
+def sdpa_attention(module: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                   mask: torch.Tensor | None, causal: bool, need_weights: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """torch's fused `scaled_dot_product_attention` (CPU and CUDA kernels); the explicit path when the caller asks
+    for the weights (pictures, alignments), which SDPA does not return."""
+    if need_weights:
+        return eager_attention(module, q, k, v, mask=mask, causal=causal, need_weights=True)
+    if causal and (mask is not None or q.size(2) != k.size(2)):
+        # SDPA's is_causal aligns top-left; with a prefix of keys or a padding mask, spell it out.
+        keep = causal_mask(q.size(2), k.size(2), q.device)
+        mask, causal = (keep if mask is None else mask & keep), False
+    p = module.attention_dropout.p if module.training else 0.0
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                         scale=module.score_scale)
+    return module.merge_heads(out), None
+
+
+def set_attention_function(model: nn.Module, fn: AttentionFunction) -> None:
+    """Every MultiHeadAttention in `model` calls `fn` (sdpa_attention by default; attnkit.cpu chooses its own)."""
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.attention_function = fn
 
 
 class MultiHeadAttention(nn.Module):
@@ -152,16 +170,19 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention projects Q, K, V in a single matmul; cross-attention uses the Q rows for the
     queries and the K/V rows for the memory, so both share one parameter layout. `scaled=False` leaves the
-    dot products undivided by sqrt(Dh) (`model.scale_scores: false`).
+    dot products undivided by sqrt(Dh) (`model.scale_scores: false`). The softmax and the products with the keys
+    and values are `attention_function`'s (sdpa_attention unless the caller chose another).
     """
+
+    attention_function: AttentionFunction = staticmethod(sdpa_attention)
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
         super().__init__()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.score_scale = 1 / math.sqrt(self.head_dim) if scaled else 1.0  # section 3.2.1
-        self.dropout = dropout
-        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = Linear(d_model, d_model, bias=bias)
+        self.attention_dropout = nn.Dropout(dropout)  # on the attention weights
+        self.in_proj = StackedLinear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
         nn.init.xavier_uniform_(self.in_proj.weight)
         nn.init.xavier_uniform_(self.out_proj.weight)
         if bias:
@@ -179,16 +200,15 @@ class MultiHeadAttention(nn.Module):
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) -> queries, keys, values (B, H, T, Dh) each, views of one product."""
         b, t, _ = x.shape
-        qkv = linear(x, self.in_proj.weight, self.in_proj.bias).view(b, t, 3, self.n_heads, self.head_dim)
+        qkv = self.in_proj(x).view(b, t, 3, self.n_heads, self.head_dim)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
-        return self.split_heads(linear(x, self.in_proj.weight, self.in_proj.bias, rows=(0, self.d_model)))
+        return self.split_heads(self.in_proj.part(x, 0, self.d_model))
 
     def project_kv(self, memory: torch.Tensor) -> KVCache:
         """Keys and values of an encoder memory, computed once per source (cross-attention)."""
-        rows = (self.d_model, 3 * self.d_model)
-        k, v = linear(memory, self.in_proj.weight, self.in_proj.bias, rows=rows).chunk(2, dim=-1)
+        k, v = self.in_proj.part(memory, self.d_model, 3 * self.d_model).chunk(2, dim=-1)
         return KVCache(self.split_heads(k), self.split_heads(v))
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -206,40 +226,22 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, H, T, Dh) queries over (B, H, S, Dh) keys -> ((B, T, D), weights (B, H, T, S) or None)."""
-        if need_weights or (q.device.type == "cpu" and (self.training and self.dropout > 0 or _short(q, k))):
-            if not need_weights and self.training and float32_products_wanted(q):
-                out = attend_float32(q, k, v, mask=mask, causal=causal, scale=self.score_scale, dropout=self.dropout)
-                return self.merge_heads(out), None
-            # On CPU, SDPA draws attention dropout with bernoulli_ on its math path; `weigh` uses `drop`.
-            out, weights = self.weigh(self.scores(q, k), v, mask=mask, causal=causal)
-            return out, (weights if need_weights else None)
-        if causal and (mask is not None or q.size(2) != k.size(2)):
-            # SDPA's is_causal aligns top-left; with a prefix of keys or a padding mask, spell it out.
-            keep = causal_mask(q.size(2), k.size(2), q.device)
-            mask, causal = (keep if mask is None else mask & keep), False
-        dropout = self.dropout if self.training else 0.0
-        if q.size(2) == 1 and not causal and dropout == 0.0 and q.device.type == "cpu":
-            return _one_query(q, k, v, mask, self.score_scale), None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
-                                             scale=self.score_scale)
-        return self.merge_heads(out), None
+        out, weights = self.attention_function(self, q, k, v, mask=mask, causal=causal, need_weights=need_weights)
+        return out, (weights if need_weights else None)
 
     def weigh(
         self, scores: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, causal: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The explicit path: logits (B, H, T, S), a fresh tensor that is masked in place, -> softmax, dropout,
         @ V -> (output (B, T, D), weights (B, H, T, S))."""
-        weights, kept, scale = self.normalised(scores, v.dtype, mask=mask, causal=causal)
-        out = kept @ v  # (B, H, T, Dh)
-        return self.merge_heads(out if scale == 1.0 else out * scale), weights
+        weights, kept = self.normalised(scores, v.dtype, mask=mask, causal=causal)
+        return self.merge_heads(kept @ v), weights  # (B, H, T, Dh) -> (B, T, D)
 
     def normalised(self, scores: torch.Tensor, dtype: torch.dtype, *, mask: torch.Tensor | None, causal: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Logits (B, H, T, S), masked in place -> (weights, the weights after dropout, the 1 / (1 - p) that dropout
-        leaves to the caller), in `dtype`."""
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, H, T, S), masked in place -> (weights, the weights after dropout), in `dtype`."""
         weights = _normalise(mask_scores_(scores, mask, causal), dtype)
-        kept, scale = drop(weights, self.dropout, self.training)
-        return weights, kept, scale
+        return weights, self.attention_dropout(weights)
 
     def forward(
         self,
@@ -262,13 +264,9 @@ class MultiHeadAttention(nn.Module):
         out, weights = self.attend(q, k, v, mask=mask, causal=causal, need_weights=need_weights)
         return self.output(out), weights
 
-    def output_weights(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """(weight, bias) of W^O, the product after the heads are concatenated; None when there is none."""
-        return self.out_proj.weight, self.out_proj.bias
-
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         """The concatenated heads (B, T, D) -> the attention's output (B, T, D): W^O (section 3.2.2)."""
-        return linear(heads, self.out_proj.weight, self.out_proj.bias)
+        return self.out_proj(heads)
 
 
 class ConcatHeadsAttention(MultiHeadAttention):
@@ -278,9 +276,6 @@ class ConcatHeadsAttention(MultiHeadAttention):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
         super().__init__(d_model, n_heads, dropout, bias, scaled)
         self.out_proj = None  # no parameters, so none in the state dict
-
-    def output_weights(self) -> None:
-        return None
 
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         return heads
@@ -295,7 +290,7 @@ class SharedQKAttention(MultiHeadAttention):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
         super().__init__(d_model, n_heads, dropout, bias, scaled)
         packed = self.in_proj  # (3D, D): the [q; k; v] rows the base class initialised
-        self.in_proj = Linear(d_model, 2 * d_model, bias=bias, device="meta")  # no random draws: rows come below
+        self.in_proj = StackedLinear(d_model, 2 * d_model, bias=bias, device="meta")  # no random draws: rows come below
         self.in_proj.weight = nn.Parameter(torch.cat([packed.weight[:d_model], packed.weight[2 * d_model :]]).detach())
         if bias:
             self.in_proj.bias = nn.Parameter(torch.zeros(2 * d_model))
@@ -303,11 +298,11 @@ class SharedQKAttention(MultiHeadAttention):
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) -> queries, keys (the same tensor), values (B, H, T, Dh), views of one product."""
         b, t, _ = x.shape
-        qv = linear(x, self.in_proj.weight, self.in_proj.bias).view(b, t, 2, self.n_heads, self.head_dim)
+        qv = self.in_proj(x).view(b, t, 2, self.n_heads, self.head_dim)
         q, v = qv.permute(2, 0, 3, 1, 4).unbind(0)
         return q, q, v
 
     def project_kv(self, memory: torch.Tensor) -> KVCache:
         """A memory's keys W^Q m and values W^V m, computed once per source (cross-attention)."""
-        k, v = linear(memory, self.in_proj.weight, self.in_proj.bias).chunk(2, dim=-1)
+        k, v = self.in_proj(memory).chunk(2, dim=-1)
         return KVCache(self.split_heads(k), self.split_heads(v))

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnkit.nn.linear import row_multiple
-
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 bytes each in float32): a chunk's passes stay in the CPU's caches
 
 
@@ -102,14 +100,13 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     return _SoftmaxCrossEntropy.apply(logits, target, float(epsilon), with_grad)
 
 
-def projection_rows(v: int, device: torch.device | None = None) -> int:
+def projection_rows(v: int, device: torch.device | None = None, row_multiple: int = 0) -> int:
     """Rows of a chunk of `projected_cross_entropy` over V classes: about PROJECTED_CHUNK_ELEMENTS logits (on a CPU
-    1,024 rows at V = 8,000), a multiple of 16; within a `stable_rows` scope no more than its multiple,
-    and every chunk runs on that many rows, the last padded with zero rows (the products' shapes repeat)."""
+    1,024 rows at V = 8,000), a multiple of 16; with a `row_multiple` no more than it, and every chunk then runs on
+    that many rows, the last padded with zero rows (the products' shapes repeat: attnkit.cpu.rows)."""
     elements = PROJECTED_CHUNK_ELEMENTS * (CUDA_CHUNK_FACTOR if device is not None and device.type == "cuda" else 1)
     rows = max(16, elements // v // 16 * 16)
-    multiple = row_multiple()
-    return min(rows, multiple) if multiple else rows
+    return min(rows, row_multiple) if row_multiple else rows
 
 
 class _ProjectedCrossEntropy(torch.autograd.Function):
@@ -125,10 +122,10 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
-                epsilon: float, needs: tuple[bool, bool, bool]):
+                epsilon: float, needs: tuple[bool, bool, bool], row_multiple: int):
         acc = torch.promote_types(weight.dtype, torch.float32)  # float32, or float64 for a float64 check
         n, v = h.size(0), weight.size(0)
-        rows, padded = projection_rows(v, h.device), row_multiple() > 0
+        rows, padded = projection_rows(v, h.device, row_multiple), row_multiple > 0
         grad_h = torch.empty_like(h) if needs[0] else None  # (N, D)
         grad_w = torch.zeros_like(weight, dtype=acc) if needs[1] else None  # (V, D)
         grad_b = torch.zeros(v, dtype=acc, device=h.device) if needs[2] else None  # (V,)
@@ -161,15 +158,15 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
         grad_h, grad_w, grad_b = (None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors)
-        return grad_h, grad_w, grad_b, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def projected_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
-                            epsilon: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                            epsilon: float = 0.0, row_multiple: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """h (N, D) through the output layer (weight (V, D), bias (V,) or None) against target (N,) -> the summed
     label-smoothed loss and the summed plain NLL, float32 at least, without ever holding the (N, V) logits: equal to
     `cross_entropy_rows(F.linear(h, weight, bias), target, epsilon)` summed, in value and gradient. Only the loss
-    carries a gradient, which must be a scalar's (the loss is a sum)."""
+    carries a gradient, which must be a scalar's (the loss is a sum). `row_multiple`: `projection_rows`."""
     tracked = (h, weight, bias)
     needs = tuple(torch.is_grad_enabled() and t is not None and t.requires_grad for t in tracked)
-    return _ProjectedCrossEntropy.apply(h, weight, bias, target, float(epsilon), needs)
+    return _ProjectedCrossEntropy.apply(h, weight, bias, target, float(epsilon), needs, row_multiple)

@@ -14,12 +14,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
-from attnkit.nn.dropout import Dropout, drop
-from attnkit.nn.linear import Linear, linear
 from attnkit.nn.norms import NormFn, make_norm, norm_function
+
+# swish is SiLU, x * sigmoid(x) (Marian's and Hugging Face's name for it)
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 
 
 class FeedForward(nn.Module):
@@ -27,41 +29,33 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
-        self.w1, self.w2 = Linear(d_model, d_ff), Linear(d_ff, d_model)
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.activation = activation
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         for lin in (self.w1, self.w2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, T, F) -> (B, T, D). Dropout's 1 / (1 - p) rides on W2 (a D x F product in
-        both directions) rather than costing passes over the 4x wider hidden layer."""
-        hidden = linear(x, self.w1.weight, self.w1.bias, activation=self.activation)  # (B, T, F)
-        kept, scale = drop(hidden, self.dropout.p, self.training)
-        return linear(kept, self.w2.weight if scale == 1.0 else self.w2.weight * scale, self.w2.bias)
+        """(B, T, D) -> (B, T, F) -> (B, T, D)."""
+        return self.w2(self.dropout(ACTIVATIONS[self.activation](self.w1(x))))
 
 
 def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: NormFn, norm_first: bool,
-             p: float = 0.0, training: bool = False, skip: bool = True) -> torch.Tensor:
+             dropout: Callable[[torch.Tensor], torch.Tensor] | None = None, skip: bool = True) -> torch.Tensor:
     """A residual block: x + Dropout(f(x)), LayerNorm after the sum (post-LN, the paper) or before f (pre-LN);
     `skip=False` drops the "x +", leaving Dropout(f(x)) alone: the block without its residual connection.
 
-    The one definition both teacher forcing (`Residual`) and incremental decoding (`DecoderLayer.step`) use.
-    Dropout's 1 / (1 - p) is applied by the addition itself (alpha).
+    The one definition both teacher forcing (`Residual`) and incremental decoding (`DecoderLayer.step`, no dropout)
+    use.
     """
     if norm_first:
-        kept, scale = drop(fn(norm(x)), p, training)
-        return _sum(x, kept, scale, skip)
-    kept, scale = drop(fn(x), p, training)
-    return norm(_sum(x, kept, scale, skip))
-
-
-def _sum(x: torch.Tensor, kept: torch.Tensor, scale: float, skip: bool) -> torch.Tensor:
-    """x + scale * kept, or scale * kept alone without the skip connection."""
-    if skip:
-        return torch.add(x, kept, alpha=scale)
-    return kept if scale == 1.0 else kept * scale
+        out = fn(norm(x))
+        out = out if dropout is None else dropout(out)
+        return x + out if skip else out
+    out = fn(x)
+    out = out if dropout is None else dropout(out)
+    return norm(x + out if skip else out)
 
 
 class Residual(nn.Module):
@@ -72,14 +66,13 @@ class Residual(nn.Module):
                  norm: str = "layer"):
         super().__init__()
         self.norm = make_norm(norm, d_model, eps)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first, self.skip = norm_first, skip
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor],
                 keep: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, D); `keep` (B, T): the real tokens, which a BatchNorm's statistics count."""
-        return residual(x, fn, norm_function(self.norm, keep), self.norm_first, self.dropout.p, self.training,
-                        self.skip)
+        return residual(x, fn, norm_function(self.norm, keep), self.norm_first, self.dropout, self.skip)
 
 
 class EncoderLayer(nn.Module):
@@ -123,19 +116,19 @@ class StepWeights(NamedTuple):
     """What a decoder layer's incremental step reads, fetched once per search (`DecoderLayer.step_weights`).
 
     A decoding step is short on arithmetic (one position per row), so nn.Module attribute lookups, a
-    dictionary walk per level, are a visible share of it; the step takes the sublayers, the output products'
-    Parameters and the norms (as functions: attnkit.nn.norms.norm_function) from here once per search (the
-    sublayers' own methods do the projections). `attnkit bench --workloads mt-greedy` measures the step.
-    Holding the Parameters themselves (not copies), this stays correct while the weights change in place;
-    a search takes a fresh one.
+    dictionary walk per level, are a visible share of it; the step takes the sublayers, their output maps and the
+    norms (as functions: attnkit.nn.norms.norm_function) from here once per search (the sublayers' own methods do
+    the projections). `attnkit bench --workloads mt-greedy` measures the step.
+    Holding the modules themselves (not copies of their weights), this stays correct while the weights change in
+    place; a search takes a fresh one.
     """
 
     self_attn: MultiHeadAttention
     cross_attn: MultiHeadAttention
     ffn: FeedForward | None  # None: a layer without an FFN
-    # (weight, bias) of the attentions' output products W^O, None for an attention without one
-    self_out: tuple[torch.Tensor, torch.Tensor | None] | None
-    cross_out: tuple[torch.Tensor, torch.Tensor | None] | None
+    # the attentions' outputs from their concatenated heads (W^O, or nothing for an attention without one)
+    self_out: Callable[[torch.Tensor], torch.Tensor]
+    cross_out: Callable[[torch.Tensor], torch.Tensor]
     norms: tuple[NormFn, NormFn, NormFn | None]  # the three residual blocks' norms, as functions
     norm_first: bool
     skip: bool  # the blocks' residual connections (False: `model.residual: false`)
@@ -182,8 +175,7 @@ class DecoderLayer(nn.Module):
         sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
         norms = tuple(None if b is None else norm_function(b.norm) for b in (self.self_block, self.cross_block,
                                                                             self.ffn_block))
-        return StepWeights(sa, ca, ffn, sa.output_weights(), ca.output_weights(), norms, self.self_block.norm_first,
-                           self.self_block.skip)
+        return StepWeights(sa, ca, ffn, sa.output, ca.output, norms, self.self_block.norm_first, self.self_block.skip)
 
     @staticmethod
     def step(
@@ -214,7 +206,7 @@ class DecoderLayer(nn.Module):
             cache = cache.append(k, v, spare=32)  # the next steps write in place
             out, self_weights = w.self_attn.attend(q, cache.k, cache.v, mask=None, causal=False,
                                                    need_weights=need_weights)
-            return out if w.self_out is None else linear(out, *w.self_out)
+            return w.self_out(out)
 
         def cross_attend(h: torch.Tensor) -> torch.Tensor:  # a sentence's beams: one block (B / beams, H, beams, Dh)
             nonlocal cross
@@ -222,7 +214,7 @@ class DecoderLayer(nn.Module):
             out, cross = w.cross_attn.attend(q, memory.k, memory.v, mask=memory_mask, causal=False,
                                              need_weights=need_weights)
             out = out.reshape(b, t, d)
-            return out if w.cross_out is None else linear(out, *w.cross_out)
+            return w.cross_out(out)
 
         y = residual(y, self_attend, n_self, pre, skip=w.skip)
         y = residual(y, cross_attend, n_cross, pre, skip=w.skip)

@@ -1,23 +1,23 @@
-"""A decoding step's log-probabilities over the vocabulary.
+"""The output layer: hidden states to vocabulary logits, and a decoding step's log-probabilities.
 
-N rows, V vocabulary.
+N rows, D model dim, V vocabulary.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 
-def step_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """Fresh logits (N, V), read by nothing else, -> float32 log-probabilities (N, V).
+class Logits(nn.Module):
+    """h W^T + b with the output layer's weight passed in: the target embedding where the two are tied, so this
+    module owns no parameters (the state dict holds the table once) and a model swaps it as a whole (attnkit.cpu)."""
 
-    In inference, contiguous float32 logits are normalised in place (`_log_softmax` with the input as its
-    `out`; each row is read in full before it is written, and the result equals `log_softmax`'s bit for bit,
-    which tests/test_decode.py checks): a decoding step then does not allocate and fill a second (N, V)
-    tensor, and the memory cache keeps one (`attnkit bench --workloads mt-greedy`). Other dtypes are
-    normalised in float32 into a new tensor, and with gradients recorded nothing is overwritten.
-    """
-    recorded = torch.is_grad_enabled() and logits.requires_grad
-    if logits.dtype == torch.float32 and logits.is_contiguous() and not recorded:
-        return torch._log_softmax(logits, -1, False, out=logits)
-    return logits.float().log_softmax(dim=-1)
+    def forward(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """(..., D) -> (..., V)."""
+        return F.linear(h, weight, bias)
+
+    def log_probs(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A decoding step's (N, D) -> float32 log-probabilities (N, V)."""
+        return self(h, weight, bias).float().log_softmax(dim=-1)

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
-from attnkit.nn.linear import Linear
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +92,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, *, own_biases: bool = True):
         super().__init__(d_model, n_heads, dropout, bias=False)  # the XL reference has no projection biases
-        self.pos_proj = Linear(d_model, d_model, bias=False)  # W_{k,R}
+        self.pos_proj = nn.Linear(d_model, d_model, bias=False)  # W_{k,R}
         nn.init.xavier_uniform_(self.pos_proj.weight)
         if own_biases:  # without: every call passes the pair shared by all layers (`biases`)
             self.r_w_bias, self.r_r_bias = position_biases(n_heads, self.head_dim)  # u, v
@@ -147,6 +146,6 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
             out, weights = self.weigh(scores, kv.v, mask=mask)
             return self.out_proj(out), weights if need_weights else None, kv
         bias = rel_shift(position).masked_fill(~mask, float("-inf"))  # (B, H, T, S)
-        dropout = self.dropout if self.training else 0.0
+        dropout = self.attention_dropout.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q_content, kv.k, kv.v, attn_mask=bias, dropout_p=dropout, scale=1.0)
         return self.out_proj(self.merge_heads(out)), None, kv

@@ -54,11 +54,11 @@ class ShawAttention(MultiHeadAttention):
         at = relative_distances(t, k.size(2), self.clip, q.device).expand(b, h, t, -1)  # (B, H, T, S) into R
         by_distance = q @ self.rel_keys.to(q.dtype).T  # (B, H, T, R): q_i . a^K_r for every r
         scores = (q @ k.transpose(-2, -1)).add_(by_distance.gather(-1, at)).mul_(self.score_scale)  # (B, H, T, S)
-        weights, kept, scale = self.normalised(scores, v.dtype, mask=mask, causal=causal)
+        weights, kept = self.normalised(scores, v.dtype, mask=mask, causal=causal)
         at_distance = torch.zeros(b, h, t, 2 * self.clip + 1, dtype=kept.dtype, device=kept.device)
         at_distance.scatter_add_(-1, at, kept)  # (B, H, T, R): the weight of the keys at each distance
         out = kept @ v + at_distance @ self.rel_values.to(kept.dtype)  # (B, H, T, Dh): sum_j a_ij (v_j + a^V_d(i, j))
-        return self.merge_heads(out if scale == 1.0 else out * scale), (weights if need_weights else None)
+        return self.merge_heads(out), (weights if need_weights else None)
 
 
 def self_attention_for(positions: str, clip: int) -> Callable[..., MultiHeadAttention] | None:

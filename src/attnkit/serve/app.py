@@ -31,10 +31,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(f"attnkit.serve needs the serve extra: pip install 'attnkit[serve]' ({e})") from e
 
 from attnkit import __version__
+from attnkit.cpu import int8_kernels
 from attnkit.decode.memory import gigabytes
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
-from attnkit.nn import int8_kernels
 from attnkit.runtime import available_memory
 from attnkit.serve.batcher import Batcher
 from attnkit.serve.schema import (

@@ -18,6 +18,7 @@ the change (`change_recipe`, recorded in train.log). tests/test_resume.py checks
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import signal
 import sys
@@ -32,10 +33,11 @@ from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
 from attnkit.checkpoint import Checkpoint, load_checkpoint, load_weights, save_checkpoint, tokenizer_difference
+from attnkit.cpu import TrainingScope, emulated_bf16, release_kept_memory, training_kernels, training_scope
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
-from attnkit.runtime import emulated_bf16, release_kept_memory, resolve_device, seed_everything, training_kernels
+from attnkit.runtime import resolve_device, seed_everything
 from attnkit.train.distributed import Distributed
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.optim import adamw
@@ -192,7 +194,7 @@ class TrainerBase:
         if self.state.step:
             dtype, line = self.resumed_dtype, f"train.dtype auto: {self.resumed_dtype}, as chosen at the run's start"
         else:
-            with no_trace(self.model):
+            with no_trace(self.model), self.cpu.applied(self.model):
                 choice = choose_dtype(self.device, self.precision_passes(), self.dist.sum)
             self.state.elapsed_s += choice.seconds
             dtype, line = choice.dtype, choice.why
@@ -202,6 +204,15 @@ class TrainerBase:
     def precision_passes(self) -> Passes:
         """Forward + backward over the run's first few batches in a given precision, no update (precision.Passes)."""
         raise NotImplementedError
+
+    @functools.cached_property
+    def cpu(self) -> TrainingScope:
+        """What the CPU room swaps into the model while it trains (attnkit.cpu.training_scope)."""
+        return training_scope(self.device, self.row_budget())
+
+    def row_budget(self) -> int:
+        """The most tokens a batch holds, which products may pad their rows to (0: they do not)."""
+        return 0
 
     def write_report(self) -> None:
         """report.html at the end of fit (rank 0; attnkit.viz.report)."""
@@ -327,7 +338,7 @@ class TrainerBase:
         """Train until the budget is spent (see `run`), with `training_kernels` on CUDA; SIGINT / SIGTERM save `last`,
         then raise Interrupted."""
         try:
-            with self.stop_on_signals(), training_kernels(self.device):
+            with self.stop_on_signals(), training_kernels(self.device), self.cpu.applied(self.model):
                 result = self.run()
             self.dist.barrier()  # ranks tear the process group down together, none while another still talks
             return result

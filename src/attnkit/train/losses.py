@@ -36,10 +36,12 @@ def label_smoothed_nll(
 
 def projected_label_smoothed_nll(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor, epsilon: float,
-    ignore_index: int = 0,
+    ignore_index: int = 0, row_multiple: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`label_smoothed_nll` of the logits h W^T + b, which are never held whole: h (..., D) the output layer's input,
-    weight (V, D), bias (V,) or None, target (...). Only the non-ignored tokens' rows are projected at all."""
+    weight (V, D), bias (V,) or None, target (...). Only the non-ignored tokens' rows are projected at all.
+    `row_multiple`: the products' rows padded to it (nn.cross_entropy.projection_rows)."""
     target = target.reshape(-1)
     rows = target.ne(ignore_index).nonzero()[:, 0]  # (n,) the real tokens
-    return projected_cross_entropy(h.reshape(-1, h.size(-1))[rows], weight, bias, target[rows], epsilon)
+    return projected_cross_entropy(h.reshape(-1, h.size(-1))[rows], weight, bias, target[rows], epsilon,
+                                   row_multiple)

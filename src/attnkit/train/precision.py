@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.runtime import emulated_bf16
+from attnkit.cpu import emulated_bf16
 
 PROBE_BATCHES = 4  # the run's first batches (segments), their real shapes
 PROBE_ROUNDS = 2  # timed rounds per precision, after an untimed one

@@ -8,11 +8,10 @@ weights, optimizer, schedule position, RNG and the position inside the epoch's b
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +35,7 @@ from attnkit.data.dataset import data_languages
 from attnkit.decode.translator import Translator
 from attnkit.eval import TokenizerChoice, bleu_tokenizer, translate_and_score
 from attnkit.models.seq2seq import Seq2Seq
-from attnkit.nn.float32_attention import float32_products
-from attnkit.nn.linear import stable_rows
-from attnkit.runtime import autocast, kernel_builds_costly
+from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
 from attnkit.train.losses import projected_label_smoothed_nll
@@ -58,20 +55,23 @@ class TrainState:
     processes: int = 1  # the world size it trained with: train.accumulate x processes is what a resume keeps
 
 
-def model_losses(model: Seq2Seq, batch: Batch, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+def model_losses(model: Seq2Seq, batch: Batch, epsilon: float, row_multiple: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The label-smoothed loss and the NLL of `batch`, summed over target tokens: the model's `features` go to the
     loss with its `output_layer`, which makes the (tokens x vocabulary) logits a chunk at a time and never whole, for
-    the real tokens only (losses.projected_label_smoothed_nll; its peak memory: benchmarks/loss_memory.py)."""
+    the real tokens only (losses.projected_label_smoothed_nll; its peak memory: benchmarks/loss_memory.py).
+    `row_multiple`: what the loss's products pad their rows to (TrainingScope.row_multiple)."""
     return projected_label_smoothed_nll(model.features(batch.src, batch.tgt_in), *model.output_layer(),
-                                        batch.tgt_out, epsilon, PAD_ID)
+                                        batch.tgt_out, epsilon, PAD_ID, row_multiple)
 
 
-def training_losses(model: Seq2Seq, batch: Batch, epsilon: float
+def training_losses(model: Seq2Seq, batch: Batch, epsilon: float, row_multiple: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
     """What an update minimises: `model_losses` of the model's `training_features`, and the term it optimises
     beside the likelihood (hard attention's REINFORCE; 0 for the others), which the logged loss leaves out."""
     features, aux = model.training_features(batch.src, batch.tgt_in, batch.tgt_out)
-    return (*projected_label_smoothed_nll(features, *model.output_layer(), batch.tgt_out, epsilon, PAD_ID), aux)
+    return (*projected_label_smoothed_nll(features, *model.output_layer(), batch.tgt_out, epsilon, PAD_ID,
+                                          row_multiple), aux)
 
 
 class Trainer(TrainerBase):
@@ -88,7 +88,7 @@ class Trainer(TrainerBase):
         self.build()
         # DDP needs the training objective as a module's forward; the lambda finds training_losses at call time
         self.train_model = self.dist.wrap(TrainingForward(self.model, lambda m, b: training_losses(
-            m, b, self.cfg.train.label_smoothing)))
+            m, b, self.cfg.train.label_smoothing, self.cpu.row_multiple)))
         self.train_split = load_split(self.data_dir, "train")
         has_valid = (self.data_dir / "valid.safetensors").exists()
         self.valid_split = load_split(self.data_dir, "valid") if has_valid else None
@@ -162,23 +162,16 @@ class Trainer(TrainerBase):
 
     def objective(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
         """`training_losses` of `batch` under this run's model (unwrapped: DDP's wrapper is `train_model`)."""
-        return training_losses(self.model, batch, self.cfg.train.label_smoothing)
+        return training_losses(self.model, batch, self.cfg.train.label_smoothing, self.cpu.row_multiple)
 
     def batch_losses(self, forward: Callable, batch: Batch, dtype: str) -> tuple:
         """`forward(batch)` in precision `dtype`: the label-smoothed loss and the NLL, summed over target tokens (and
         from `training_losses` the auxiliary loss)."""
-        with autocast(self.device, dtype), self.stable_kernels(dtype):
+        with autocast(self.device, dtype), self.cpu.precision(dtype):
             return forward(batch)
 
-    @contextlib.contextmanager
-    def stable_kernels(self, dtype: str) -> Iterator[None]:
-        """Where oneDNN's kernel builds are costly for `dtype` (runtime.kernel_builds_costly), a scope in which the
-        products stop needing new kernels from step to step: the linear maps run on the token budget's rows
-        (nn.linear.stable_rows) and attention multiplies in float32, which builds none (nn.float32_attention);
-        elsewhere nothing."""
-        costly = kernel_builds_costly(self.device, dtype)
-        with stable_rows(self.cfg.train.max_tokens if costly else 0), float32_products(costly):
-            yield
+    def row_budget(self) -> int:
+        return self.cfg.train.max_tokens
 
     def precision_passes(self) -> Passes:
         """Forward + backward of the first batches of epoch 0 (their sentences; in float32 in row slices), for
@@ -209,7 +202,8 @@ class Trainer(TrainerBase):
         loss = nll = tokens = 0.0
         for batch in iterate_batches(self.valid_split, sampler.batches(0)):
             batch = batch.to(self.device)
-            l, n = self.batch_losses(lambda b: model_losses(self.model, b, t.label_smoothing), batch, t.dtype)
+            l, n = self.batch_losses(lambda b: model_losses(self.model, b, t.label_smoothing, self.cpu.row_multiple),
+                                     batch, t.dtype)
             loss, nll, tokens = loss + l.item(), nll + n.item(), tokens + batch.n_tokens
         metrics = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 50))}
         if t.eval_bleu and (self.data_dir / "valid.src.txt").exists():

@@ -11,7 +11,8 @@ come from torch's generator, so seeds reproduce.
 
 This replaces 32-bit masks, `where` passes and `bernoulli_`, which made dropout (a training step has dozens of sites)
 a visible part of a CPU step; benchmarks/train_profile.py's "activations and dropout" category measures its share.
-On CUDA the fused kernel of `F.dropout` is used.
+`training_scope` swaps every nn.Dropout of a model for `Dropout` on CPUs; on CUDA the fused kernel of `F.dropout`
+is used.
 """
 
 from __future__ import annotations
@@ -41,22 +42,18 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     return keep_scores(shape, p, torch.float32, device) > 0
 
 
-def drop(x: torch.Tensor, p: float, training: bool) -> tuple[torch.Tensor, float]:
-    """(x with the dropped elements zeroed, the scale the kept ones still need): the caller may apply the
-    scale where it is cheaper (a smaller tensor further on, a weight, an `alpha`)."""
-    if not training or p == 0.0:
-        return x, 1.0
-    if x.device.type != "cpu" or p >= 1.0:
-        return F.dropout(x, p, training), 1.0
-    scores = keep_scores(x.shape, p, x.dtype, x.device)
-    return torch.ops.aten.threshold_backward(x, scores, 0.0), 1.0 / (1.0 - p)  # x where scores > 0, else 0
-
-
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    kept, scale = drop(x, p, training)
-    return kept if scale == 1.0 else kept * scale
+    """F.dropout(x, p, training) with the mask from `keep_scores` on CPUs (F.dropout's fused kernel elsewhere)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, training)
+    scores = keep_scores(x.shape, p, x.dtype, x.device)
+    return torch.ops.aten.threshold_backward(x, scores, 0.0).mul_(1.0 / (1.0 - p))  # x where scores > 0, else 0
 
 
 class Dropout(nn.Dropout):
+    """nn.Dropout (attnkit.cpu.training_scope swaps it in on CPUs) whose mask comes from `keep_scores`."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)

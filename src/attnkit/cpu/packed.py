@@ -2,42 +2,40 @@
 
 Called through `F.linear`, oneDNN repacks the weight into its blocked layout on every call, which at a decoder
 step's few rows costs about as much as the product; keeping the packed copy ("prepacking", as inductor's freezing
-pass does) avoids it. `linear` takes that path inside a `prepacked()` scope when it is safe: CPU, no gradient, no
-autocast, float32 (or bf16 where oneDNN has it), a Parameter weight. The `PackedWeights` cache rebuilds a copy when
-the weight's version counter or storage changes; a fused optimiser step or a write through `.data` does not bump the
-counter, so a cache belongs to weights fixed while it lives (a search's, a `Translator`'s). Results agree with
-`F.linear` to float32 rounding; the price is one more copy of each weight. tests/test_linear.py checks the
-equivalence; `attnkit bench --workloads mt-greedy mt-beam5` measures the gain.
+pass does) avoids it. The modules here (`PackedLinear`, `PackedStackedLinear`, `PackedLogits`, `PackedFeedForward`)
+are the nn modules they replace (`attnkit.cpu.for_inference` swaps them in) and take that path when it is safe:
+CPU, no gradient, no autocast, float32 (or bf16 where oneDNN has it), a Parameter weight; anywhere else they are
+the modules they replace. The `PackedWeights` cache rebuilds a copy when the weight's version counter or storage
+changes; a fused optimiser step or a write through `.data` does not bump the counter, so a cache belongs to weights
+fixed while it lives (a search's, a `Translator`'s). Results agree with `F.linear` to float32 rounding; the price is
+one more copy of each weight. tests/test_linear.py checks the equivalence; `attnkit bench --workloads mt-greedy
+mt-beam5` measures the gain.
 
 `PackedWeights(int8=True)` keeps int8 copies instead: weight rows quantised symmetrically with a scale each, the
 input to uint8 with one scale per call, through PyTorch's dynamic quantisation kernels (fbgemm / oneDNN: AVX2,
 AVX-512, VNNI), accumulated in int32. With VNNI or AMX a u8 x s8 product goes straight into int32 (inputs 0..255,
 weights -127..127); without it (AVX2, AVX-512F/BW) `vpmaddubsw` adds pairs of products in 16 bits with saturation:
 2 x 255 x 127 = 64,770 clips to 32,767. Those kernels are exact with 7-bit weights (2 x 255 x 64 = 32,640, what
-attnkit uses) or 7-bit inputs (`reduce_range`: 2 x 127 x 127 = 32,258, the `SATURATING` setting), so
-`int8_scheme()` asks the kernels once per engine which ranges they sum exactly and refuses one exact in none
-(tests/test_int8.py; error and speed per kernel family: benchmarks/int8_families.py).
-
-In training, `stable_rows(multiple)` pads each product's rows with zero rows up to a multiple of the token budget:
-under bf16 autocast oneDNN builds a kernel for every new product shape (costly where it runs AMX), token-budget
-batches bring new row counts each step, and padded shapes repeat. The zero rows add nothing to the gradient; their
-work is the price (tests/test_linear.py; builds counted by benchmarks/kernel_builds.sh).
+attnkit uses) or 7-bit inputs (`reduce_range`: 2 x 127 x 127 = 32,258, the "inputs" scheme), so `int8_scheme()` asks
+the kernels once per engine which ranges they sum exactly and refuses one exact in none (tests/test_int8.py; error
+and speed per kernel family: benchmarks/int8_families.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import platform
 import warnings
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from attnkit.nn.attention import StackedLinear
+from attnkit.nn.layers import ACTIVATIONS, FeedForward
+from attnkit.nn.outputs import Logits
 
 _ROWS_HINT = 64  # the batch size oneDNN picks its layout for; one layout serves decoding's and the encoder's rows
 
@@ -86,18 +84,15 @@ INT8_SCHEMES = {s.name: s for s in (
     Int8Scheme("weights", 255, 64, "8-bit inputs, 7-bit weights (the kernels add pairs in 16 bits)"),
     Int8Scheme("inputs", 127, 127, "7-bit inputs (the kernels add pairs in 16 bits)"),
 )}
-# Where the kernels add pairs in 16 bits: "weights" (less error, module docstring) or "inputs". Library code only
-# reads it; an entry point that measures the other sets it before any int8 copy is made
-# (attnkit.bench.int8_families.apply_engine, from ATTNKIT_INT8_SATURATING).
-SATURATING = "weights"
+SATURATING = "weights"  # where the kernels add pairs in 16 bits: 7-bit weights (less error, module docstring)
 
 
-def int8_scheme() -> Int8Scheme | None:
+def int8_scheme(saturating: str = SATURATING) -> Int8Scheme | None:
     """The quantisation the int8 kernels of the current quantized engine sum exactly: 8-bit inputs and weights where
-    they accumulate in 32 bits (VNNI, AMX), else 7-bit weights (or, with SATURATING = "inputs", 7-bit inputs),
+    they accumulate in 32 bits (VNNI, AMX), else 7-bit weights (or, with saturating="inputs", 7-bit inputs),
     None where none is exact. Measured on the kernels, once per engine (module docstring)."""
     exact = _probe_schemes(torch.backends.quantized.engine)
-    return next((INT8_SCHEMES[name] for name in ("full", SATURATING, "weights", "inputs") if name in exact), None)
+    return next((INT8_SCHEMES[name] for name in ("full", saturating, "weights", "inputs") if name in exact), None)
 
 
 @functools.cache
@@ -120,9 +115,9 @@ def _probe_schemes(engine: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def int8_kernels() -> str:
-    """The int8 path this process takes, in words (for reports): engine and quantisation."""
-    scheme = int8_scheme()
+def int8_kernels(saturating: str = SATURATING) -> str:
+    """The int8 path this process takes (with that 7-bit side), in words (for reports): engine and quantisation."""
+    scheme = int8_scheme(saturating)
     return f"{torch.backends.quantized.engine} engine, {scheme.words if scheme else 'no exact kernels'}"
 
 
@@ -137,32 +132,23 @@ def _quantize_rows(w: torch.Tensor, bias: torch.Tensor | None, top: int) -> torc
 
 
 class PackedWeights:
-    """Prepacked copies of weights that stay fixed while this cache lives; `with cache.active():` uses it.
+    """Prepacked copies of weights that stay fixed while this cache lives, shared by a model's packed modules.
 
     id(Parameter) -> (weak reference to it, {rows: ((version, data_ptr), packed)}). A plain dict checked
     through the weak reference: a decoding step makes 19 products, and WeakIdKeyDictionary's lookup (a new
     weak reference per call) cost more than the checks themselves.
     """
 
-    def __init__(self, int8: bool = False) -> None:
+    def __init__(self, int8: bool = False, saturating: str = SATURATING) -> None:
         self.int8 = int8  # int8 copies (with their bias) instead of float ones
         if int8 and (why := int8_unavailable()):
             raise ValueError(f"int8 products: {why}")
         # the ranges these kernels sum exactly, fixed for the cache's life
-        self.scheme = int8_scheme() if int8 else None
+        self.scheme = int8_scheme(saturating) if int8 else None
         self._entries: dict[int, tuple[weakref.ref, dict]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[PackedWeights]:
-        """`linear` packs into (and reads from) this cache in the current context until the block ends."""
-        token = _SCOPE.set(self)
-        try:
-            yield self
-        finally:
-            _SCOPE.reset(token)
 
     def get(self, weight: nn.Parameter, rows: tuple[int, int] | None, bias: torch.Tensor | None = None):
         """oneDNN's blocked copy of weight[rows] (N, K), made once per version of the weight (int8: the packed
@@ -188,10 +174,6 @@ class PackedWeights:
         return packed
 
 
-_SCOPE: contextvars.ContextVar[PackedWeights | None] = contextvars.ContextVar("attnkit_packed_weights",
-                                                                               default=None)
-
-
 def _forget(cache: weakref.ref, key: int, _dead: weakref.ref) -> None:
     """Drop a Parameter's packed copies when it is collected (if the cache itself still lives)."""
     entries = getattr(cache(), "_entries", {})
@@ -199,27 +181,10 @@ def _forget(cache: weakref.ref, key: int, _dead: weakref.ref) -> None:
         del entries[key]
 
 
-@contextlib.contextmanager
-def prepacked(cache: PackedWeights | None = None) -> Iterator[PackedWeights]:
-    """A scope in which `linear` uses prepacked weights: `cache`, else the scope already open, else a new
-    cache that lives until the block ends (weights must not change inside it)."""
-    if cache is None:
-        cache = _SCOPE.get()
-    if cache is None:
-        cache = PackedWeights()
-    with cache.active():
-        yield cache
-
-
-def packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear(x, weight)` takes the prepacked path (float32 only for int8 copies)."""
-    return _packable(x, weight, _SCOPE.get())
-
-
-def _packable(x: torch.Tensor, weight: torch.Tensor, cache: PackedWeights | None) -> bool:
+def packable(x: torch.Tensor, weight: torch.Tensor, cache: PackedWeights) -> bool:
+    """Whether a product of x with `weight` takes the prepacked path (float32 only for int8 copies)."""
     return (
-        cache is not None
-        and not torch.is_grad_enabled()
+        not torch.is_grad_enabled()
         and x.is_cpu
         and isinstance(weight, nn.Parameter)
         and x.dtype == weight.dtype
@@ -228,8 +193,6 @@ def _packable(x: torch.Tensor, weight: torch.Tensor, cache: PackedWeights | None
     )
 
 
-# swish is SiLU, x * sigmoid(x) (Marian's and Hugging Face's name for it; oneDNN's `swish` with its alpha of 1)
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 # oneDNN's post-op algorithm per activation: GELU's erf form ("none", not "tanh"), none for the others
 _POINTWISE_ALGORITHM = {"relu": "", "gelu": "none", "swish": ""}
 _linear_pointwise = torch.ops.mkldnn._linear_pointwise.default if _PACKABLE else None  # resolved once
@@ -238,64 +201,74 @@ _linear_int8 = {None: torch.ops.quantized.linear_dynamic.default,  # (x, packed,
                 "relu": torch.ops.quantized.linear_relu_dynamic.default}
 
 
-_ROW_MULTIPLE: contextvars.ContextVar[int] = contextvars.ContextVar("attnkit_row_multiple", default=0)
-
-
-@contextlib.contextmanager
-def stable_rows(multiple: int) -> Iterator[None]:
-    """A scope in which `linear`'s products run on a row count rounded up to a multiple of `multiple` (0: as is)."""
-    token = _ROW_MULTIPLE.set(multiple)
-    try:
-        yield
-    finally:
-        _ROW_MULTIPLE.reset(token)
-
-
-def row_multiple() -> int:
-    """The multiple the current `stable_rows` scope rounds product rows up to (0 outside one)."""
-    return _ROW_MULTIPLE.get()
-
-
-def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, on x's rows padded with zero rows to the scope's multiple (stable_rows): (..., K) -> (..., N)."""
-    multiple = row_multiple()
-    n = x.numel() // max(x.size(-1), 1)
-    extra = -n % multiple if multiple else 0
-    if not extra:
-        return F.linear(x, weight, bias)
-    rows = F.pad(x.reshape(n, x.size(-1)), (0, 0, 0, extra))  # (n + extra, K)
-    return F.linear(rows, weight, bias)[:n].view(*x.shape[:-1], -1)  # (n + extra, N) -> (..., N)
-
-
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    rows: tuple[int, int] | None = None,
-    activation: str | None = None,
-) -> torch.Tensor:
-    """act(F.linear(x, weight[a:b], bias[a:b])) for rows=(a, b) (all rows for None): (..., K) -> (..., N).
-
-    `activation` ("relu", "gelu", "swish" or None) is fused into the product on the prepacked path.
-    """
+def packed_linear(cache: PackedWeights, x: torch.Tensor, weight: nn.Parameter, bias: torch.Tensor | None,
+                  rows: tuple[int, int] | None = None, activation: str | None = None) -> torch.Tensor:
+    """act(x weight[a:b]^T + bias[a:b]) for rows=(a, b) (all rows for None) through the cache's packed copy:
+    (..., K) -> (..., N). `activation` ("relu", "gelu", "swish" or None) is fused into the product where the
+    kernels can. The caller checked `packable`."""
     if rows is not None and bias is not None:
         bias = bias[rows[0] : rows[1]]
-    cache = _SCOPE.get()
-    if not _packable(x, weight, cache):
-        y = _linear_rows(x, weight if rows is None else weight[rows[0] : rows[1]], bias)
-        return y if activation is None else _ACTIVATIONS[activation](y)
     if cache.int8:
         kernel = _linear_int8.get(activation, _linear_int8[None])
         y = kernel(x, cache.get(weight, rows, bias), cache.scheme.reduce_range)  # (..., N)
-        return y if activation in _linear_int8 else _ACTIVATIONS[activation](y)
+        return y if activation in _linear_int8 else ACTIVATIONS[activation](y)
     packed = cache.get(weight, rows)
     if activation is None:
         return _linear_pointwise(x, packed, bias, "none", [], "")
     return _linear_pointwise(x, packed, bias, activation, [], _POINTWISE_ALGORITHM[activation])
 
 
-class Linear(nn.Linear):
-    """nn.Linear (same parameters, same state dict) whose inference on CPU uses the prepacked weight."""
+def linear(cache: PackedWeights, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x weight^T + bias: through the cache's packed copy where `packable`, else F.linear."""
+    if not packable(x, weight, cache):
+        return F.linear(x, weight, bias)
+    return packed_linear(cache, x, weight, bias)
+
+
+class PackedLinear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) whose CPU inference reads the packed weight."""
+
+    cache: PackedWeights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(self.cache, x, self.weight, self.bias)
+
+
+class PackedStackedLinear(PackedLinear, StackedLinear):
+    """StackedLinear whose CPU inference reads packed copies of the whole weight and of each part's rows."""
+
+    def part(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        if not packable(x, self.weight, self.cache):
+            return super().part(x, start, stop)
+        return packed_linear(self.cache, x, self.weight, self.bias, rows=(start, stop))
+
+
+class PackedFeedForward(FeedForward):
+    """FeedForward whose first product carries its activation fused (one pass fewer over the (B, T, F) hidden layer)
+    where the product is packed; its w1 and w2 are PackedLinear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w1 = self.w1
+        if not (isinstance(w1, PackedLinear) and packable(x, w1.weight, w1.cache)):
+            return super().forward(x)
+        hidden = packed_linear(w1.cache, x, w1.weight, w1.bias, activation=self.activation)  # (B, T, F)
+        return self.w2(self.dropout(hidden))
+
+
+class PackedLogits(Logits):
+    """Logits through the packed output weight; a step's log-probabilities normalised in place."""
+
+    cache: PackedWeights
+
+    def forward(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return linear(self.cache, h, weight, bias)
+
+    def log_probs(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """(N, D) -> float32 log-probabilities (N, V). Fresh contiguous float32 logits are normalised in place
+        (`_log_softmax` with the input as its `out`; each row is read in full before it is written, and the result
+        equals `log_softmax`'s bit for bit, which tests/test_linear.py checks): a step then does not allocate and
+        fill a second (N, V) tensor (`attnkit bench --workloads mt-greedy`)."""
+        logits = self(h, weight, bias)  # (N, V)
+        if logits.dtype == torch.float32 and logits.is_contiguous() and not logits.requires_grad:
+            return torch._log_softmax(logits, -1, False, out=logits)
+        return logits.float().log_softmax(dim=-1)

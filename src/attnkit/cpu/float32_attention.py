@@ -9,42 +9,21 @@ plain batched GEMMs with no kernel to build, and at these sizes (T, S up to 64 k
 Autocast would cast float32 operands of a product back to bf16, so this is an autograd Function of its own: it saves
 the half-precision inputs (views of the projections, which are kept anyway) and the float32 weights (what the softmax
 saved before), widens the inputs again in `backward`, and returns the output and gradients in the inputs' dtype.
-Dropout on the weights uses the same keep masks as `nn.dropout`.
+Dropout on the weights uses the same keep masks as `attnkit.cpu.dropout`.
 
-`MultiHeadAttention` takes this path in training inside `float32_products()`, which the Trainer opens where kernel
-builds are costly (`runtime.kernel_builds_costly`: bf16 on a CPU with AMX), beside `nn.linear.stable_rows`: there a
-step builds no kernel after its first updates. Where oneDNN runs AVX-512 BF16 instead, the step gains nothing and
+Attention takes this path in training where `training_scope` finds kernel builds costly (`kernel_builds_costly`:
+bf16 on a CPU with AMX), beside the linear maps' stable row counts (attnkit.cpu.rows): there a step builds no kernel
+after its first updates. Where oneDNN runs AVX-512 BF16 instead, the step gains nothing and
 holds more memory (the float32 weights), so the products stay in bf16. tests/test_float32_attention.py checks the
 gradients and that no kernel is built for new lengths; benchmarks/kernel_builds.sh counts the builds per update.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
-
 import torch
 
-from attnkit.nn.dropout import keep_mask
+from attnkit.cpu.dropout import keep_mask
 from attnkit.nn.masks import mask_scores_
-
-_WANTED: contextvars.ContextVar[bool] = contextvars.ContextVar("float32_products", default=False)
-
-
-@contextlib.contextmanager
-def float32_products(on: bool = True) -> Iterator[None]:
-    """A scope in which training attention on half-precision inputs multiplies in float32 (`attend_float32`)."""
-    token = _WANTED.set(on)
-    try:
-        yield
-    finally:
-        _WANTED.reset(token)
-
-
-def float32_products_wanted(q: torch.Tensor) -> bool:
-    """Whether attention on queries `q` should take `attend_float32`: inside the scope, for bf16 / fp16 inputs."""
-    return _WANTED.get() and q.element_size() < 4 and q.is_floating_point()
 
 
 class _Float32Products(torch.autograd.Function):

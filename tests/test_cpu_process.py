@@ -1,15 +1,17 @@
-"""Process-wide settings made by attnkit.runtime."""
+"""The process settings of attnkit.cpu (attnkit/cpu/process.py): glibc's malloc, the kernels training runs on,
+the CPU's flags and what they say about bf16 and kernel builds."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from attnkit.runtime import keep_freed_memory, training_kernels
+from attnkit.cpu import keep_freed_memory, process, training_kernels
 
 glibc = sys.platform == "linux" and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
 
@@ -24,15 +26,15 @@ def test_keep_freed_memory_sets_glibc_and_can_be_turned_off(monkeypatch):
 
 _TRIM = """
 import sys, torch
-from attnkit import runtime
+from attnkit import cpu
 if sys.argv[1] == "keep":
-    runtime.keep_freed_memory()
+    cpu.keep_freed_memory()
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 blocks = [torch.ones(1 << 20) for _ in range(200)]  # 800 MiB in 4 MiB blocks, under the 32 MiB mmap threshold
 del blocks[:-1]  # all freed but the last: glibc cannot shrink its heap from the top
 before = rss_mb()
-released = runtime.release_kept_memory()
+released = cpu.release_kept_memory()
 print(released, before - rss_mb())
 """
 
@@ -89,18 +91,14 @@ def test_training_kernels_switch_on_cuda_only_and_give_the_host_its_switches_bac
     ({"avx2"}, "bfloat16", "cuda", False),  # the GPU's bf16, not the CPU's
 ])
 def test_bf16_autocast_warns_only_where_the_cpu_lacks_bf16_instructions(monkeypatch, flags, dtype, device, warns):
-    from attnkit import runtime
-
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
-    message = runtime.emulated_bf16(torch.device(device), dtype)
+    monkeypatch.setattr(process, "cpu_flags", lambda: flags)
+    message = process.emulated_bf16(torch.device(device), dtype)
     assert bool(message) == warns
     assert "\n" not in message
 
 
 def test_this_machines_flags_are_read():
-    from attnkit.runtime import cpu_flags
-
-    flags = cpu_flags()
+    flags = process.cpu_flags()
     assert not flags or {"avx2", "avx512f", "sse2", "fp", "asimd"} & flags  # x86 or Arm names, when Linux lists them
 
 
@@ -113,12 +111,23 @@ def test_this_machines_flags_are_read():
     ({"avx512f", "avx512_bf16"}, None, "cpu", "bfloat16", False),  # no AMX: padding measured slower there
 ])
 def test_kernel_builds_are_costly_where_onednn_runs_amx(monkeypatch, flags, isa, device, dtype, costly):
-    from attnkit import runtime
-
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(process, "cpu_flags", lambda: flags)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     if isa is None:
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     else:
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
-    assert runtime.kernel_builds_costly(torch.device(device), dtype) is costly
+    assert process.kernel_builds_costly(torch.device(device), dtype) is costly
+
+
+@pytest.mark.parametrize("kind, preset", [("translation", None), ("lm", None), ("lm", "7")])
+def test_kernel_caches_are_bounded_by_what_is_trained_and_a_value_in_the_environment_wins(monkeypatch, kind, preset):
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    if preset is None:
+        monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", preset)
+    process.bound_kernel_caches(kind)
+    expected = preset or str(process.KERNEL_CACHE[kind])
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == expected
+    assert os.environ["LRU_CACHE_CAPACITY"] == "1"  # ideep's own cache off
