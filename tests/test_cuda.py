@@ -49,7 +49,7 @@ def true_float32():
 
 def transformer(**kw) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(tiny_model_config(**kw)).eval()
+    return Transformer.from_config(tiny_model_config(**kw)).eval()
 
 
 def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,8 +67,8 @@ def on(device: torch.device, module: torch.nn.Module) -> torch.nn.Module:
 
 
 # --- the encoder-decoder -------------------------------------------------------------------------
-LAYERS = {  # every layer the config can build: test_parts.SWITCHES, then pre-LN, no W^O and the positions
-    **SWITCHES, "pre-ln": dict(norm_first=True), "no-wo": dict(output_projection=False),
+LAYERS = {  # every layer the config can build: test_parts.SWITCHES, then pre-LN, no W^O, Kyubyong's, the positions
+    **SWITCHES, "pre-ln": dict(norm_first=True), "no-wo": dict(variant="no-wo"), "kyubyong": dict(variant="kyubyong"),
     "learned-positions": dict(positions="learned"), "no-positions": dict(positions="none"),
     "shaw-positions": dict(positions="shaw", relative_clip=3),
 }

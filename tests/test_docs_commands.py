@@ -55,7 +55,6 @@ LONG = {
     "python benchmarks/": "a benchmark",
     "bash benchmarks/": "a benchmark (on a CUDA machine)",
     "DIR=": "the fairseq baseline: a 60-minute training with fairseq",
-    "python -m attnkit.bench": "a benchmark's model",
     "attnkit bench ": "a benchmark",
     "for dec in greedy beam5": "the CTranslate2 table's 12 full test-set runs (the commands above run each engine)",
     "for f in $O/*.tsv": "scores those 12 runs",

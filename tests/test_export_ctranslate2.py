@@ -19,7 +19,7 @@ pytest.importorskip("ctranslate2", reason="the CTranslate2 export needs the ctra
 from attnkit import config as cfgmod  # noqa: E402 - after the skip: these tests need ctranslate2
 from attnkit.checkpoint import Checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from attnkit.cli.main import main  # noqa: E402
-from attnkit.config import EOS_ID, PAD_ID, RunConfig, TrainConfig, TransformerConfig  # noqa: E402
+from attnkit.config import EOS_ID, PAD_ID, RunConfig, TrainConfig  # noqa: E402
 from attnkit.data import prepare, read_lines  # noqa: E402
 from attnkit.decode import DecodeOptions, Translator  # noqa: E402
 from attnkit.decode.scoring import score_targets  # noqa: E402
@@ -155,9 +155,7 @@ def test_int8_export_is_ctranslate2s_own_quantization_and_scores_near_float(engi
 
 VARIANTS = [dict(norm_first=True, activation="gelu"), dict(share_embeddings=False, tie_output=False, tgt_vocab_size=30),
             dict(n_encoder_layers=1, n_decoder_layers=3), dict(positions="learned", max_positions=20),
-            dict(positions="none")]
-if "output_projection" in TransformerConfig.__dataclass_fields__:  # Kyubyong Park's switches, where attnkit has them
-    VARIANTS.append(dict(output_projection=False, layer_norm_eps=1e-8, zero_pad_positions=True))
+            dict(positions="none"), dict(variant="no-wo"), dict(variant="kyubyong")]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
@@ -169,7 +167,7 @@ def test_every_variant_of_the_network_exports_exactly(variant, tmp_path):
 
     torch.manual_seed(0)
     cfg = tiny_model_config(**variant)
-    model = Transformer(cfg).eval()
+    model = Transformer.from_config(cfg).eval()
     vocab = [["<pad>", "<s>", "</s>", "<unk>"] + [f"{side}{i}" for i in range(4, n)]
              for side, n in (("s", cfg.src_vocab_size), ("t", cfg.tgt_vocab_size))]
     save_ctranslate2(model, vocab[0], vocab[1], tmp_path / "m")

@@ -1,5 +1,6 @@
-"""Kyubyong Park's Transformer as config switches (docs/kyubyong.md): each switch changes exactly what it names,
-the defaults stay the paper's (and old checkpoints load), the presets and batches of N sentences."""
+"""Kyubyong Park's Transformer as a variant (`model.variant: kyubyong`, docs/kyubyong.md): each of its four
+differences changes exactly what it names, the default stays the paper's (and checkpoints written with the older
+switches load as the variant), the presets and batches of N sentences."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from attnkit.train.schedules import make_schedule
 from conftest import tiny_model_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SWITCHES = ("output_projection", "sublayer_dropout", "layer_norm_eps", "zero_pad_positions")
+# the switches older versions wrote for his model, which a checkpoint of theirs still carries
+OLD_SWITCHES = {"output_projection": False, "sublayer_dropout": False, "layer_norm_eps": 1e-8,
+                "zero_pad_positions": True}
 
 
 def model(**kw):
@@ -54,8 +57,9 @@ def test_without_w_o_the_attention_output_is_the_concatenated_heads(need_weights
     assert not any("out_proj" in k for k in attn.state_dict())
 
 
-def test_the_model_without_w_o_has_none_anywhere_and_decodes_step_by_step_as_it_is_trained():
-    m = model(output_projection=False)
+@pytest.mark.parametrize("variant", ["no-wo", "kyubyong"])
+def test_the_model_without_w_o_has_none_anywhere_and_decodes_step_by_step_as_it_is_trained(variant):
+    m = model(variant=variant)
     attentions = [mod for mod in m.modules() if isinstance(mod, MultiHeadAttention)]
     assert len(attentions) == 6 and all(type(a) is ConcatHeadsAttention for a in attentions)
     assert not any("attn.out_proj" in k for k in m.state_dict())
@@ -70,17 +74,17 @@ def test_the_model_without_w_o_has_none_anywhere_and_decodes_step_by_step_as_it_
 
 # --- LayerNorm epsilon --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_layer_norm_eps_reaches_every_layer_norm(norm_first):
-    norms = [m for m in model(layer_norm_eps=1e-8, norm_first=norm_first).modules() if isinstance(m, nn.LayerNorm)]
+def test_his_layer_norm_eps_reaches_every_layer_norm(norm_first):
+    norms = [m for m in model(variant="kyubyong", norm_first=norm_first).modules() if isinstance(m, nn.LayerNorm)]
     assert len(norms) == 2 * 2 + 2 * 3 + 2 * norm_first and {n.eps for n in norms} == {1e-8}
     assert {m.eps for m in model(norm_first=norm_first).modules() if isinstance(m, nn.LayerNorm)} == {1e-5}
-    with pytest.raises(cfgmod.ConfigError, match="layer_norm_eps"):
-        tiny_model_config(layer_norm_eps=0.0)
 
 
 # --- positions at padding -----------------------------------------------------------------------------------------
 def test_positional_encoding_is_zero_at_padding_and_nothing_else_changes():
-    masked, plain = model(zero_pad_positions=True), model()
+    masked, plain = model(variant="kyubyong"), model(variant="no-wo")  # the same weights from the same seed
+    for norm in (m for m in plain.modules() if isinstance(m, nn.LayerNorm)):
+        norm.eps = 1e-8  # his epsilon: the positions at padding are then the one difference
     src = padded_source()
     emb = masked.src_embed(src) * masked.embed_scale
     pe = masked.positions.table[: src.size(1)].double()
@@ -99,7 +103,7 @@ def test_positional_encoding_is_zero_at_padding_and_nothing_else_changes():
 
 # --- dropout on the sublayers -------------------------------------------------------------------------------------
 def test_without_sublayer_dropout_the_residual_branch_is_kept_and_attention_dropout_still_applies():
-    m = model(dropout=0.5, sublayer_dropout=False)
+    m = model(dropout=0.5, variant="kyubyong")
     blocks = [mod for mod in m.modules() if type(mod).__name__ == "Residual"]
     assert len(blocks) == 2 * 2 + 2 * 3 and all(b.dropout.p == 0.0 for b in blocks)
     assert m.dropout.p == 0.5  # the embeddings keep theirs
@@ -109,40 +113,42 @@ def test_without_sublayer_dropout_the_residual_branch_is_kept_and_attention_drop
     expected, _ = layer(x, mask=None)
     layer.train()
     torch.testing.assert_close(layer(x, mask=None)[0], expected)  # nothing dropped in training
-    dropped = model(dropout=0.5, attention_dropout=0.5, sublayer_dropout=False).encoder[0]
+    dropped = model(dropout=0.5, attention_dropout=0.5, variant="kyubyong").encoder[0]
     dropped.eval()
     reference, _ = dropped(x, mask=None)
     dropped.train()
     torch.manual_seed(1)
     assert not torch.allclose(dropped(x, mask=None)[0], reference)  # attention dropout is not a sublayer's
-    with_dropout = model(dropout=0.5).encoder[0].train()
+    with_dropout = model(dropout=0.5, variant="no-wo").encoder[0].eval()
+    kept, _ = with_dropout(x, mask=None)
     torch.manual_seed(1)
-    assert not torch.allclose(with_dropout(x, mask=None)[0], expected)  # the default drops the branch
+    assert not torch.allclose(with_dropout.train()(x, mask=None)[0], kept)  # the paper's blocks drop the branch
 
 
 # --- defaults and old checkpoints ---------------------------------------------------------------------------------
-def test_the_defaults_are_the_papers_and_old_checkpoints_load(tmp_path, monkeypatch):
-    c = TransformerConfig()
-    assert (c.output_projection, c.sublayer_dropout, c.layer_norm_eps, c.zero_pad_positions) == (True, True, 1e-5,
-                                                                                                 False)
-    m = build_model("transformer", tiny_model_config())
-    assert "encoder.0.self_attn.out_proj.weight" in m.state_dict()
+@pytest.mark.parametrize("old", [{}, OLD_SWITCHES], ids=["paper", "kyubyong"])
+def test_the_default_is_the_papers_and_checkpoints_with_the_older_switches_load(tmp_path, monkeypatch, old):
+    assert TransformerConfig().variant == "paper"
+    variant = "kyubyong" if old else "paper"
+    m = build_model("transformer", tiny_model_config(variant=variant))
+    assert ("encoder.0.self_attn.out_proj.weight" in m.state_dict()) == (not old)
 
     to_dict = cfgmod.to_dict
 
-    def without_switches(cfg):  # a config as attnkit wrote it before the switches
+    def with_switches(cfg):  # a config as an older attnkit wrote it: the switches, no variant
         data = to_dict(cfg)
-        for name in SWITCHES:
-            data["model"].pop(name)
+        data["model"].pop("variant")
+        data["model"].update({"residual": True, "ffn": True, **old})
         return data
 
-    monkeypatch.setattr(ckptmod.cfgmod, "to_dict", without_switches)
-    cfg = cfgmod.RunConfig(model=tiny_model_config())
+    monkeypatch.setattr(ckptmod.cfgmod, "to_dict", with_switches)
+    cfg = cfgmod.RunConfig(model=tiny_model_config(variant=variant))
     ckptmod.save_checkpoint(tmp_path / "old.safetensors", ckptmod.Checkpoint("transformer", cfg, m.state_dict(), {}))
     monkeypatch.undo()
     ckpt = ckptmod.load_checkpoint(tmp_path / "old.safetensors")
-    assert ckpt.config.model == tiny_model_config()
+    assert ckpt.config.model == tiny_model_config(variant=variant)
     loaded = ckptmod.model_from(ckpt, tmp_path / "old.safetensors")
+    assert type(loaded) is type(m)
     for k, v in m.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v)
 
@@ -153,12 +159,11 @@ def test_the_kyubyong_presets():
     m, t = big.model, big.train
     assert (m.d_model, m.d_ff, m.n_encoder_layers, m.n_decoder_layers, m.n_heads) == (512, 2048, 6, 6, 8)
     assert (m.dropout, m.attention_dropout, m.activation_dropout) == (0.3, 0.3, 0.0)
-    assert (m.output_projection, m.sublayer_dropout, m.layer_norm_eps, m.zero_pad_positions) == (False, False, 1e-8,
-                                                                                                 True)
+    assert m.variant == "kyubyong"
     assert (t.lr, t.warmup, t.betas, t.eps, t.label_smoothing, t.max_sentences, t.max_epochs) == (
         3e-4, 4000, (0.9, 0.999), 1e-8, 0.1, 128, 20)
     assert (small.model.d_model, small.model.n_encoder_layers, small.train.warmup) == (256, 3, 600)
-    assert small.model.output_projection is False and small.train.max_sentences == 128
+    assert small.model.variant == "kyubyong" and small.train.max_sentences == 128
 
 
 def test_kyubyongs_noam_scheme_is_inverse_sqrt_with_the_peak_at_the_warm_up():
@@ -184,5 +189,5 @@ def test_kyubyong_small_trains_translates_and_saves(tmp_path, data_dir, capsys):
                  "--train.max_sentences=16", "--train.device=cpu", "--train.dtype=float32", "--train.max_len_b=4"])
     assert code == 0, capsys.readouterr().err
     ckpt = ckptmod.load_checkpoint(run / "checkpoints" / "last.safetensors")
-    assert ckpt.config.model.output_projection is False and ckpt.config.model.layer_norm_eps == 1e-8
+    assert ckpt.config.model.variant == "kyubyong"
     assert not any("attn.out_proj" in k for k in ckpt.model_state)

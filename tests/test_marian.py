@@ -208,7 +208,7 @@ def attnkit_checkpoint(path, *, joint: bool = True, seed: int = 0, **model) -> C
                                          n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
                                          share_embeddings=joint, max_positions=64), **model})
     torch.manual_seed(seed)
-    net = Transformer(config)
+    net = Transformer.from_config(config)
     with torch.no_grad():
         for name, p in net.named_parameters():
             p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.4)
@@ -223,7 +223,7 @@ EXPORTS = {
     "joint-relu": dict(),
     "separate-swish-bias-untied": dict(joint=False, activation="swish", output_bias=True, tie_output=False),
     "joint-gelu-bias": dict(activation="gelu", output_bias=True),
-    "no-wo-zero-pad-positions": dict(output_projection=False, zero_pad_positions=True),  # W^O = I; pads masked
+    "no-wo": dict(variant="no-wo"),  # W^O = I
 }
 
 
@@ -300,11 +300,11 @@ def test_a_failed_export_never_brings_back_a_folder_an_earlier_crash_left(tmp_pa
 
 @pytest.mark.parametrize("model,words", [
     (dict(norm_first=True), "pre-LN Transformer (model.norm_first)"),
-    (dict(layer_norm_eps=1e-8), "epsilon 1e-08 (model.layer_norm_eps)"),
+    (dict(variant="kyubyong"), "(model.variant: kyubyong): LayerNorms of epsilon 1e-08 and dropout on the embeddings"),
     (dict(positions="learned"), "model.positions: learned"),
     (dict(positions="none"), "model.positions: none"),
-    (dict(sublayer_dropout=False), "model.sublayer_dropout: false"),
-    (dict(ffn=False, shared_qk=True), "model.ffn: false, model.shared_qk: true: MarianMTModel's layers have every"),
+    (dict(variant="no-ffn"), "model.variant: no-ffn: MarianMTModel's layers have every"),
+    (dict(variant="shared-qk"), "model.variant: shared-qk: MarianMTModel's layers have every"),
 ], ids=str)
 def test_export_refuses_what_marian_cannot_express(tmp_path, model, words):
     attnkit_checkpoint(tmp_path / "model.safetensors", **model)

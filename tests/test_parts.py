@@ -1,7 +1,7 @@
-"""The parts of the Transformer's layer, one switch each (issue 40): no residual connections, no FFN, no 1 / sqrt(d_k),
-keys = queries, BatchNorm instead of LayerNorm. Each switched layer equals the layer written out by hand with exactly
-that part taken away; the cached decoder, padding and the searches stay right; the exporters refuse what their
-formats cannot hold."""
+"""The parts of the Transformer's layer, one variant each (`model.variant`, a small subclass each): no residual
+connections, no FFN, no 1 / sqrt(d_k), keys = queries, BatchNorm instead of LayerNorm. Each variant's layer equals the
+layer written out by hand with exactly that part taken away; the cached decoder, padding and the searches stay right;
+the exporters refuse what their formats cannot hold; older configs' switches become their variant."""
 
 from __future__ import annotations
 
@@ -11,31 +11,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnkit import config as cfgmod
 from attnkit.config import BOS_ID, PAD_ID
 from attnkit.decode import beam_search, greedy_search
 from attnkit.errors import ConfigError
 from attnkit.formats.ctranslate2 import transformer_spec
 from attnkit.models import Transformer
-from attnkit.models.transformer import removed_parts
+from attnkit.models.transformer import VARIANTS, removed_parts
 from attnkit.nn.norms import TokenBatchNorm
 from conftest import tiny_model_config
 
 SWITCHES = {
     "paper": {},
-    "no-residual": dict(residual=False),
-    "no-residual-pre-ln": dict(residual=False, norm_first=True),
-    "no-ffn": dict(ffn=False),
-    "no-scale": dict(scale_scores=False),
-    "shared-qk": dict(shared_qk=True),
-    "all-four": dict(residual=False, ffn=False, scale_scores=False, shared_qk=True),
-    "batch-norm": dict(norm="batch"),
-    "batch-norm-pre-ln": dict(norm="batch", norm_first=True),
+    "no-residual": dict(variant="no-residual"),
+    "no-residual-pre-ln": dict(variant="no-residual", norm_first=True),
+    "no-ffn": dict(variant="no-ffn"),
+    "no-scale": dict(variant="no-scale"),
+    "shared-qk": dict(variant="shared-qk"),
+    "batch-norm": dict(variant="batch-norm"),
+    "batch-norm-pre-ln": dict(variant="batch-norm", norm_first=True),
 }
 
 
 def model(seed: int = 0, **kw) -> Transformer:
     torch.manual_seed(seed)
-    m = Transformer(tiny_model_config(d_model=32, n_heads=4, **kw)).eval()
+    m = Transformer.from_config(tiny_model_config(d_model=32, n_heads=4, **kw)).eval()
     with torch.no_grad():  # biases, norms and running statistics away from their 0 / 1 start, so an error shows
         for name, p in m.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -95,8 +95,8 @@ def test_each_switched_layer_is_the_layer_written_out_without_that_part(switches
     x = torch.randn(2, length, 32)
     layer = m.encoder[0]
     with torch.no_grad():
-        expected = written_out_encoder_layer(layer, x, skip=c.residual, ffn=c.ffn, scaled=c.scale_scores,
-                                             norm_first=c.norm_first)
+        expected = written_out_encoder_layer(layer, x, skip=c.variant != "no-residual", ffn=c.variant != "no-ffn",
+                                             scaled=c.variant != "no-scale", norm_first=c.norm_first)
         for need_weights in (False, True):
             torch.testing.assert_close(layer(x, mask=None, need_weights=need_weights)[0], expected,
                                        atol=2e-5, rtol=1e-4)
@@ -106,15 +106,15 @@ def test_the_switches_remove_exactly_their_parameters():
     d, f, layers = 32, 32, 2 + 2
     paper = sum(p.numel() for p in model().parameters())
     ffn_and_its_norm = 2 * d * f + f + d + 2 * d
-    assert sum(p.numel() for p in model(ffn=False).parameters()) == paper - layers * ffn_and_its_norm
+    assert sum(p.numel() for p in model(variant="no-ffn").parameters()) == paper - layers * ffn_and_its_norm
     attentions = 2 + 2 * 2  # an encoder layer's one, a decoder layer's two
-    assert sum(p.numel() for p in model(shared_qk=True).parameters()) == paper - attentions * (d * d + d)
-    for same in (dict(residual=False), dict(scale_scores=False), dict(norm="batch")):
-        assert sum(p.numel() for p in model(**same).parameters()) == paper
+    assert sum(p.numel() for p in model(variant="shared-qk").parameters()) == paper - attentions * (d * d + d)
+    for same in ("no-residual", "no-scale", "batch-norm"):
+        assert sum(p.numel() for p in model(variant=same).parameters()) == paper
 
 
 def test_shared_keys_are_the_queries_projection_in_self_and_cross_attention():
-    m, plain = model(shared_qk=True), model()
+    m, plain = model(variant="shared-qk"), model()
     attn, x, memory = m.decoder[0].cross_attn, torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     q, k, v = m.encoder[0].self_attn.project_qkv(x)
     assert k is q
@@ -127,7 +127,7 @@ def test_shared_keys_are_the_queries_projection_in_self_and_cross_attention():
 
 
 def test_unscaled_scores_are_the_raw_dot_products():
-    m = model(scale_scores=False)
+    m = model(variant="no-scale")
     attn = m.encoder[0].self_attn
     q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 4, 5, 8)
     torch.testing.assert_close(attn.scores(q, k), q @ k.transpose(-1, -2))
@@ -152,26 +152,55 @@ def test_cached_decoding_padding_and_searches_stay_right_with_every_switch(switc
     assert [g[0].tokens for g in greedy] == [b[0].tokens for b in beam]
 
 
-@pytest.mark.parametrize("switch, words", [
-    (dict(residual=False), "model.residual: false"),
-    (dict(ffn=False), "model.ffn: false"),
-    (dict(scale_scores=False), "model.scale_scores: false"),
-    (dict(shared_qk=True), "model.shared_qk: true"),
-    (dict(norm="batch"), "model.norm: batch"),
-], ids=str)
-def test_ctranslate2_export_refuses_a_layer_without_one_of_the_papers_parts(switch, words):
+@pytest.mark.parametrize("variant", ["no-residual", "no-ffn", "no-scale", "shared-qk", "batch-norm"])
+def test_ctranslate2_export_refuses_a_layer_without_one_of_the_papers_parts(variant):
     pytest.importorskip("ctranslate2")
     vocab = [f"w{i}" for i in range(40)]
     with pytest.raises(ConfigError) as e:
-        transformer_spec(model(**switch), vocab, vocab)
-    assert words in str(e.value) and "every part of the paper's" in str(e.value) and "\n" not in str(e.value)
+        transformer_spec(model(variant=variant), vocab, vocab)
+    assert f"model.variant: {variant}" in str(e.value) and "every part of the paper's" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
-def test_config_refuses_two_attention_variants_at_once():
-    with pytest.raises(ConfigError, match="are variants of the attention; choose one"):
-        tiny_model_config(shared_qk=True, output_projection=False)
-    assert removed_parts(tiny_model_config()) == []
-    assert removed_parts(tiny_model_config(ffn=False, shared_qk=True)) == ["model.ffn: false", "model.shared_qk: true"]
+def test_every_variant_the_config_names_is_a_subclass_and_only_the_key_picks_it():
+    assert set(VARIANTS) == set(cfgmod.VARIANTS)
+    for key, cls in VARIANTS.items():
+        assert issubclass(cls, Transformer) and cls.variant == key
+        assert type(Transformer.from_config(tiny_model_config(variant=key))) is cls
+    with pytest.raises(ValueError, match="from_config"):  # the paper's class never builds a variant's config
+        Transformer(tiny_model_config(variant="no-ffn"))
+    with pytest.raises(ConfigError, match="model.variant must be one of"):
+        tiny_model_config(variant="no-norm")
+
+
+@pytest.mark.parametrize("variant", ["shared-qk", "no-wo", "no-scale", "kyubyong"])
+def test_config_refuses_an_attention_variant_with_shaw_positions(variant):
+    with pytest.raises(ConfigError, match="both change the attention; choose one"):
+        tiny_model_config(positions="shaw", variant=variant)
+    assert removed_parts(tiny_model_config()) == removed_parts(tiny_model_config(variant="no-wo")) == []
+    assert removed_parts(tiny_model_config(variant="no-ffn")) == ["model.variant: no-ffn"]
+
+
+@pytest.mark.parametrize("old, variant", [
+    ({"residual": False}, "no-residual"), ({"ffn": False}, "no-ffn"), ({"scale_scores": False}, "no-scale"),
+    ({"shared_qk": True}, "shared-qk"), ({"norm": "batch"}, "batch-norm"), ({"output_projection": False}, "no-wo"),
+    ({"output_projection": False, "sublayer_dropout": False, "layer_norm_eps": 1e-8, "zero_pad_positions": True},
+     "kyubyong"),
+    ({"residual": True, "ffn": True, "layer_norm_eps": 1e-5, "norm": "layer"}, "paper"),
+], ids=str)
+def test_an_older_configs_switches_become_their_variant(old, variant):
+    """Checkpoints and run folders written before the variants keep loading: their switches map to the variant."""
+    data = {"model": {"kind": "transformer", "d_model": 32, **old}, "train": {}}
+    got = cfgmod.from_dict(cfgmod.RunConfig, cfgmod.upgrade(data))
+    assert got.model.variant == variant and got.model.d_model == 32
+
+
+@pytest.mark.parametrize("old", [{"residual": False, "ffn": False}, {"layer_norm_eps": 1e-6},
+                                 {"output_projection": False, "zero_pad_positions": True}], ids=str)
+def test_switches_no_variant_holds_are_refused_in_one_line(old):
+    with pytest.raises(ConfigError) as e:
+        cfgmod.upgrade({"model": {"kind": "transformer", **old}})
+    assert "no model.variant holds these settings" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_batch_norm_counts_only_the_real_tokens_as_torch_batch_norm_over_them_would():
@@ -205,11 +234,11 @@ def test_batch_norm_counts_only_the_real_tokens_as_torch_batch_norm_over_them_wo
 
 def test_a_batch_norm_transformer_trains_the_same_whatever_its_padding():
     """In training, a sentence's real tokens see the same statistics however much padding the batch carries."""
-    m = model(norm="batch", dropout=0.0).train()
+    m = model(variant="batch-norm", dropout=0.0).train()
     src, tgt = ids(3, 6), torch.cat([torch.full((3, 1), BOS_ID), ids(3, 4, 1)], 1)
     src[2, 4:] = PAD_ID
     tgt[1, 3:] = PAD_ID
     padded = m(torch.cat([src, torch.full((3, 3), PAD_ID)], 1), torch.cat([tgt, torch.full((3, 2), PAD_ID)], 1))
     real = tgt.ne(PAD_ID)
-    torch.testing.assert_close(padded[:, :5][real], model(norm="batch", dropout=0.0).train()(src, tgt)[real],
+    torch.testing.assert_close(padded[:, :5][real], model(variant="batch-norm", dropout=0.0).train()(src, tgt)[real],
                                atol=1e-5, rtol=1e-5)

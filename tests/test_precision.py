@@ -71,7 +71,7 @@ def test_auto_is_a_dtype_but_not_beside_compile():
 # --- the probe leaves no trace: a run with auto trains as the run given the dtype it chose -------------------------
 def seq2seq_run(tmp_path, data_dir, name: str, dtype: str, steps: int = 6, **kw) -> Trainer:
     cfg = tiny_run_config(max_steps=steps, dtype=dtype)  # dropout 0.1: the probe must give the RNG back
-    cfg = cfgmod.replace(cfg, model=tiny_model_config(dropout=0.1, norm="batch"))  # and BatchNorm's statistics
+    cfg = cfgmod.replace(cfg, model=tiny_model_config(dropout=0.1, variant="batch-norm"))  # and BatchNorm's statistics
     trainer = Trainer(cfg, data_dir, tmp_path / name, progress=False, **kw)
     trainer.fit()
     return trainer

@@ -142,7 +142,7 @@ def test_the_vanilla_lms_take_relative_positions_and_stay_causal(kind):
 
 
 def test_one_attention_variant_at_a_time_and_a_positive_clip():
-    with pytest.raises(ConfigError, match="model.positions: shaw are variants of the attention; choose one"):
-        tiny_model_config(positions="shaw", shared_qk=True)
+    with pytest.raises(ConfigError, match="shared-qk and model.positions: shaw both change the attention"):
+        tiny_model_config(positions="shaw", variant="shared-qk")
     with pytest.raises(ConfigError, match="model.relative_clip must be at least 1, not 0"):
         tiny_model_config(positions="shaw", relative_clip=0)

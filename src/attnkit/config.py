@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnkit.errors import ConfigError, did_you_mean
+from attnkit.legacy import variant_from_switches
 from attnkit.presets import apply_overrides, deep_merge, load_yaml, preset_path
 
 # The ids every vocabulary reserves (attnkit.data.tokenizer makes sentencepiece use them): models mask PAD,
@@ -26,7 +27,11 @@ RETIRED = {"model": {"pad_id": PAD_ID}}
 ACTIVATIONS = ("relu", "gelu", "swish")
 # Positions: sinusoidal (section 3.5) | learned rows added to the embeddings; none (order-blind); shaw (Shaw et al.)
 POSITIONS = ("sinusoidal", "learned", "none", "shaw")
-NORMS = ("layer", "batch")  # the residual blocks' LayerNorm (section 3.1), or BatchNorm over the real tokens
+# The Transformer's variants (TransformerConfig.variant; attnkit.models.transformer.VARIANTS holds their classes):
+# the paper's model, one part of its layer taken away or swapped each, and Kyubyong Park's TensorFlow Transformer
+VARIANTS = ("paper", "no-residual", "no-ffn", "no-wo", "shared-qk", "no-scale", "batch-norm", "kyubyong")
+ATTENTION_VARIANTS = ("no-wo", "shared-qk", "no-scale", "kyubyong")  # those that change the attention's class
+
 
 
 def _check_positive(cfg: Any, *names: str, section: str = "model") -> None:
@@ -73,30 +78,19 @@ class TransformerConfig:
     max_positions: int = 1024
     positions: str = "sinusoidal"  # sinusoidal (section 3.5) | learned (a row per position) | none | shaw (POSITIONS)
     relative_clip: int = 16  # positions: shaw: distances clipped to +-k (Shaw et al. 2018's k; tensor2tensor's 16)
-    # Structural switches, the defaults the paper's model: Kyubyong Park's TensorFlow Transformer sets the next four
-    # (docs/kyubyong.md, the `kyubyong` preset), and the last four take one part of the paper's layer away each.
-    output_projection: bool = True  # W^O after concatenating the heads (section 3.2.2); false: the concatenation
-    sublayer_dropout: bool = True  # `dropout` on each sublayer's output before the residual sum; false: embeddings only
-    layer_norm_eps: float = 1e-5  # every LayerNorm's epsilon (torch's default; Kyubyong Park's is 1e-8)
-    zero_pad_positions: bool = False  # no positional encoding at padding positions (Kyubyong Park's masking)
-    residual: bool = True  # x + Sublayer(x) in every block (section 3.1); false: the sublayer's output alone
-    ffn: bool = True  # the position-wise FFN in every layer (section 3.3); false: the attention blocks alone
-    scale_scores: bool = True  # q . k / sqrt(d_k) (section 3.2.1); false: the raw dot products
-    shared_qk: bool = False  # keys from the queries' projection, W^K = W^Q (the Reformer's); false: their own W^K
-    norm: str = "layer"  # layer (section 3.1) | batch: each block's BatchNorm over the batch's real tokens (NORMS)
-
+    # The paper's model, or one of its variants (VARIANTS): a small subclass of the Transformer each
+    # (attnkit.models.transformer), one part of the paper's layer taken away or Kyubyong Park's TensorFlow model
+    variant: str = "paper"
     def __post_init__(self) -> None:
         _check_positive(self, "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
                         "n_decoder_layers", "max_positions", "relative_clip")
         _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
-        _check_heads(self, norm=NORMS)
-        if not 0.0 < self.layer_norm_eps < 1.0:
-            raise ConfigError(f"model.layer_norm_eps must be in (0, 1), not {self.layer_norm_eps}")
+        _check_heads(self, variant=VARIANTS)
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
-        if sum((self.shared_qk, not self.output_projection, self.positions == "shaw")) > 1:
-            raise ConfigError("model.shared_qk, model.output_projection: false and model.positions: shaw are variants "
-                              "of the attention; choose one")
+        if self.positions == "shaw" and self.variant in ATTENTION_VARIANTS:
+            raise ConfigError(f"model.variant {self.variant} and model.positions: shaw both change the attention; "
+                              "choose one")
 
 
 _SCHEDULES = ("noam", "inverse_sqrt", "cosine", "constant")
@@ -258,11 +252,14 @@ def _float(text: str, path: str) -> float:
 
 def upgrade(data: dict) -> dict:
     """A config dict written by an older attnkit without its retired fields (RETIRED); one that set a retired
-    field to another value is refused, since this version cannot honour it."""
+    field to another value is refused, since this version cannot honour it. A Transformer's structural switches
+    become the variant they spell (attnkit.legacy)."""
     out = {k: dict(v) if isinstance(v, dict) and k in RETIRED else v for k, v in data.items()}
     for section, name, value in ((s, n, v) for s, fields in RETIRED.items() for n, v in fields.items()):
         if isinstance(out.get(section), dict) and name in out[section] and out[section].pop(name) != value:
             raise ConfigError(f"{section}.{name} is no longer configurable (it is always {value})")
+    if isinstance(out.get("model"), dict):
+        out["model"] = variant_from_switches(out["model"])
     return out
 
 

@@ -43,7 +43,7 @@ from attnkit.nn import FeedForward, MultiHeadAttention, SinusoidalPositions
 
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")  # weights; default: float32 as trained
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # gelu: F.gelu (erf) is CTranslate2's GELU
-_MAPPED_VARIANTS = {"ConcatHeadsAttention"}  # attention without W^O (`model.output_projection: false`)
+_MAPPED_VARIANTS = {"ConcatHeadsAttention"}  # attention without W^O (`model.variant: no-wo`, kyubyong)
 _LANGUAGE_MODELS = {  # what each language-model kind is, for the refusal (`_not_exportable`)
     "transformer-xl": "a Transformer-XL language model: its relative attention over a memory of earlier segments "
                       "has no CTranslate2 equivalent",

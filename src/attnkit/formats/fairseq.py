@@ -225,7 +225,7 @@ def _model_config(w: Weights, s: dict, sides: dict[str, Side], share: bool, scal
         activation_dropout=arg(s, "activation_dropout", float, arg(s, "relu_dropout", float, 0.0, path), path),
         activation=ACTIVATIONS[s.get("activation_fn") or "relu"],
         norm_first=_norm_first(w, s, path), share_embeddings=share, tie_output=scaled and not untied,
-        output_bias=True, max_positions=p, layer_norm_eps=LAYER_NORM_EPS, positions=positions)
+        output_bias=True, max_positions=p, positions=positions)
 
 
 def _output(w: Weights) -> torch.Tensor:

@@ -62,7 +62,7 @@ def reorder(t: torch.Tensor, how: str, order: torch.Tensor) -> torch.Tensor:
 def model_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """attnkit's state-dict shapes for `config`, from a model built on the meta device (nothing allocated)."""
     with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in Transformer(config).state_dict().items()}
+        return {k: tuple(v.shape) for k, v in Transformer.from_config(config).state_dict().items()}
 
 
 __all__ = ["AS_IS", "READS", "WRITES", "layer_table", "model_shapes", "reorder"]

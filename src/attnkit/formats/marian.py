@@ -30,9 +30,8 @@ maps where attnkit packs them as the [q; k; v] rows of one `in_proj`. Three layo
   segmentation stays the original's), the spm's normaliser kept.
 
 Export keeps attnkit's ids (pad 0, decoder start 1 = BOS, eos 2, unk 3) and applies the inverse channel order, so
-an attnkit-trained model leaves without fields Marian lacks. Two attnkit options need none: attention without W^O
-leaves with an identity W^O, and `zero_pad_positions` changes only the padding positions' own states, which every
-attention masks out, so no real token's output moves. `transformers` is never imported.
+an attnkit-trained model leaves without fields Marian lacks. Attention without W^O (`model.variant: no-wo`) leaves
+with an identity W^O. `transformers` is never imported.
 """
 
 from __future__ import annotations
@@ -86,8 +85,7 @@ def _model_config(m: MarianConfig, sides: dict[str, Side], share: bool) -> Trans
         n_heads=m.n_heads, d_ff=m.d_ff, n_encoder_layers=m.n_encoder_layers, n_decoder_layers=m.n_decoder_layers,
         dropout=m.dropout, attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout,
         activation=m.activation, norm_first=False, share_embeddings=share,
-        tie_output=m.tie and m.scale_embedding, output_bias=True, max_positions=m.max_positions,
-        layer_norm_eps=LAYER_NORM_EPS)
+        tie_output=m.tie and m.scale_embedding, output_bias=True, max_positions=m.max_positions)
 
 
 def _embeddings(w: Weights, m: MarianConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,11 +177,10 @@ def _refusal(ckpt: Checkpoint) -> str | None:
     reasons = [
         (removed_parts(c), f"{', '.join(removed_parts(c))}: MarianMTModel's layers have every part of the paper's"),
         (c.norm_first, "a pre-LN Transformer (model.norm_first): MarianMTModel's layers are post-LN"),
-        (c.layer_norm_eps != LAYER_NORM_EPS, f"LayerNorms of epsilon {c.layer_norm_eps:g} (model.layer_norm_eps): "
-                                             f"MarianMTModel's are {LAYER_NORM_EPS:g}"),
         (c.positions != "sinusoidal", f"model.positions: {c.positions}: MarianMTModel's positions are sinusoids"),
-        (not c.sublayer_dropout, "dropout on the embeddings only (model.sublayer_dropout: false): MarianMTModel "
-                                 "drops out every sublayer"),
+        (c.variant == "kyubyong", f"Kyubyong Park's Transformer (model.variant: kyubyong): LayerNorms of epsilon "
+                                  f"1e-08 and dropout on the embeddings only, where MarianMTModel's LayerNorms are "
+                                  f"{LAYER_NORM_EPS:g} and it drops out every sublayer"),
         (c.activation not in ("relu", "gelu", "swish"), f"the {c.activation} activation"),
         (c.d_model % 2 == 1, f"an odd d_model ({c.d_model}): Marian's sinusoid pairs its channels"),
         ("src" not in ckpt.tokenizers, "no tokenizer"),
@@ -201,9 +198,9 @@ def _pieces(blob: bytes, rows: int, where: str) -> list[str]:
 
 
 def _with_identity_wo(c: TransformerConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Attention without W^O (`model.output_projection: false`, the heads' concatenation is the output) is attention
-    whose W^O is the identity (D, D) with a zero bias: the form MarianMTModel holds."""
-    if c.output_projection:
+    """Attention without W^O (`model.variant: no-wo`, the heads' concatenation is the output) is attention whose W^O
+    is the identity (D, D) with a zero bias: the form MarianMTModel holds."""
+    if c.variant != "no-wo":
         return state
     missing = {name for name, _, _ in layer_table(c.n_encoder_layers, c.n_decoder_layers)} - state.keys()
     return {**state, **{name: torch.eye(c.d_model) if name.endswith(".weight") else torch.zeros(c.d_model)

@@ -5,16 +5,13 @@ B batch, S source length, T target length, D model dim, H heads, V vocabulary, L
 Seq2seq models expose `encode`, `decode` and `step`; incremental decoding keeps its keys and values in
 one `DecoderState` whose `reorder(indices)` lets a single beam search serve every model family.
 
-The config's structural switches (all off by default: the paper's model) give Kyubyong Park's TensorFlow
-Transformer (docs/kyubyong.md): `output_projection: false` builds every attention as `ConcatHeadsAttention`
-(no W^O), `sublayer_dropout: false` keeps `dropout` on the embeddings only, `layer_norm_eps` sets every
-LayerNorm's epsilon, and `zero_pad_positions: true` adds no positional encoding at padding positions.
-`positions: learned` trains a row per position (ConvS2S, BERT) in place of the sinusoids; `positions: shaw` adds none
-and gives every self-attention Shaw et al.'s relative position representations (nn/shaw.py). `residual`, `ffn`,
-`scale_scores` and `shared_qk` take one part of the paper's layer away each (no skip connections, no FFN, no
-1 / sqrt(d_k), keys from the queries' projection) to measure what it is for. What a Marian (opus-mt)
-model needs besides: `activation: swish` (SiLU in the FFN) and `output_bias: true` (a bias on the vocabulary
-logits, Marian's final_logits_bias).
+The model builds its parts through a few methods (`make_attention`, `make_feed_forward`, `make_norm`, `make_block`,
+`embed`); its variants at the end of this file are small subclasses that replace one each, chosen by the config's
+`variant` (VARIANTS): one part of the paper's layer taken away or swapped to measure what it is for, and Kyubyong
+Park's TensorFlow Transformer (docs/kyubyong.md). `positions: learned` trains a row per position (ConvS2S, BERT) in
+place of the sinusoids; `positions: shaw` adds none and gives every self-attention Shaw et al.'s relative position
+representations (nn/shaw.py). What a Marian (opus-mt) model needs besides: `activation: swish` (SiLU in the FFN)
+and `output_bias: true` (a bias on the vocabulary logits, Marian's final_logits_bias).
 """
 
 from __future__ import annotations
@@ -31,14 +28,18 @@ from attnkit.nn import (
     ConcatHeadsAttention,
     DecoderLayer,
     EncoderLayer,
+    FeedForward,
     KVCache,
     MultiHeadAttention,
+    Residual,
     SharedQKAttention,
+    UnscaledAttention,
+    Unskipped,
     key_padding_to_attn_mask,
     position_encoding,
 )
 from attnkit.nn.layers import StepWeights
-from attnkit.nn.norms import make_norm, norm_function
+from attnkit.nn.norms import TokenBatchNorm, norm_function
 from attnkit.nn.outputs import Logits
 from attnkit.nn.shaw import self_attention_for
 
@@ -92,27 +93,24 @@ class DecoderState:
         )
 
 
-def attention_class(c: TransformerConfig) -> type[MultiHeadAttention]:
-    """The paper's attention, or its variant without W^O (`output_projection: false`) or with W^K = W^Q
-    (`shared_qk: true`; the config refuses two variants at once)."""
-    if c.shared_qk:
-        return SharedQKAttention
-    return MultiHeadAttention if c.output_projection else ConcatHeadsAttention
-
-
 def removed_parts(c: TransformerConfig) -> list[str]:
-    """The parts of the paper's layer a model goes without, as `model.FIELD: value` settings (none: []): what no
-    export format can hold."""
-    kept = {"residual": True, "ffn": True, "scale_scores": True, "shared_qk": False, "norm": "layer"}
-    return [f"model.{name}: {str(getattr(c, name)).lower()}" for name, value in kept.items()
-            if getattr(c, name) != value]
+    """The part of the paper's layer a model goes without, as its `model.variant: ...` setting (none: []): what no
+    export format can hold. A missing W^O is not one: it leaves as the identity."""
+    return [] if VARIANTS[c.variant].exportable else [f"model.variant: {c.variant}"]
 
 
 class Transformer(Seq2Seq):
     kind = "transformer"
+    variant = "paper"  # TransformerConfig.variant: the subclasses at the end of this file
+    attention_class: type[MultiHeadAttention] = MultiHeadAttention  # every attention's (Shaw's self-attention aside)
+    block_class: type[Residual] = Residual  # every residual block's
+    exportable = True  # False: a part of the paper's layer taken away, which no export format can hold
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        if config.variant != self.variant:
+            raise ValueError(f"the config's variant is {config.variant!r}, this class's {self.variant!r}: build the "
+                             "model with Transformer.from_config (or attnkit.models.build_model)")
         c = self.config = config
         self.embed_scale = math.sqrt(c.d_model)  # section 3.4: embeddings multiplied by sqrt(d_model)
         self.src_embed = self._embedding(c.src_vocab_size)
@@ -120,18 +118,14 @@ class Transformer(Seq2Seq):
         self.own_tgt_embed = None if c.share_embeddings else self._embedding(c.tgt_vocab_size)
         self.positions = position_encoding(c.positions, c.d_model, c.max_positions)
         self.dropout = nn.Dropout(c.dropout)
-        block = dict(dropout=c.dropout if c.sublayer_dropout else 0.0, attention_dropout=c.attention_dropout,
-                     activation_dropout=c.activation_dropout, activation=c.activation, norm_first=c.norm_first,
-                     norm_eps=c.layer_norm_eps, attention=attention_class(c),
-                     self_attention=self_attention_for(c.positions, c.relative_clip),
-                     ffn=c.ffn, skip=c.residual, scaled=c.scale_scores, norm=c.norm)
-        self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
-                                     for _ in range(c.n_encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, **block)
+        self.encoder = nn.ModuleList(EncoderLayer(self.make_self_attention(), self.make_feed_forward(),
+                                                  self.make_block) for _ in range(c.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(self.make_self_attention(), self.make_attention(),
+                                                  self.make_feed_forward(), self.make_block)
                                      for _ in range(c.n_decoder_layers))
-        # Pre-LN stacks end with a LayerNorm (or `norm`); post-LN outputs are already normalised.
-        self.encoder_norm = make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()
-        self.decoder_norm = make_norm(c.norm, c.d_model, c.layer_norm_eps) if c.norm_first else nn.Identity()
+        # Pre-LN stacks end with a LayerNorm (or the variant's norm); post-LN outputs are already normalised.
+        self.encoder_norm = self.make_norm() if c.norm_first else nn.Identity()
+        self.decoder_norm = self.make_norm() if c.norm_first else nn.Identity()
         self.out_proj = None if c.tie_output else nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         # Marian's final_logits_bias: one bias on the logits whether the output is tied or not, so it is a
         # Parameter of its own (`out_bias` in the state dict), not the untied projection's bias
@@ -140,7 +134,31 @@ class Transformer(Seq2Seq):
 
     @classmethod
     def from_config(cls, config: TransformerConfig) -> Transformer:
-        return cls(config)
+        """The paper's model or the variant the config names (VARIANTS)."""
+        return VARIANTS[config.variant](config)
+
+    # --- the parts, which the variants replace ---------------------------------------------------
+    def make_attention(self) -> MultiHeadAttention:
+        c = self.config
+        return self.attention_class(c.d_model, c.n_heads, c.attention_dropout)
+
+    def make_self_attention(self) -> MultiHeadAttention:
+        """The layer's attention, or Shaw et al.'s relative self-attention (`positions: shaw`)."""
+        c = self.config
+        return self_attention_for(c.positions, c.relative_clip, self.attention_class)(c.d_model, c.n_heads,
+                                                                                       c.attention_dropout)
+
+    def make_feed_forward(self) -> FeedForward | None:
+        c = self.config
+        return FeedForward(c.d_model, c.d_ff, c.activation, c.activation_dropout)
+
+    def make_norm(self) -> nn.Module:
+        return nn.LayerNorm(self.config.d_model)
+
+    def make_block(self) -> Residual:
+        """A residual block: `dropout` on the sublayer's output (section 5.4), the norm after the sum or before."""
+        c = self.config
+        return self.block_class(c.d_model, c.dropout, c.norm_first, self.make_norm())
 
     @property
     def tgt_embed(self) -> nn.Embedding:
@@ -154,9 +172,6 @@ class Transformer(Seq2Seq):
 
     def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = table(ids) * self.embed_scale  # (B, T) -> (B, T, D)
-        if self.config.zero_pad_positions:  # padding positions get no position (Kyubyong Park's masking)
-            pe = self.positions.encodings(ids.size(1), offset).to(x.dtype)  # (T, D)
-            return self.dropout(x + pe * ids.ne(PAD_ID)[..., None])  # (B, T, D) + (T, D) * (B, T, 1)
         return self.dropout(self.positions(x, offset))
 
     def output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -182,8 +197,8 @@ class Transformer(Seq2Seq):
         return Encoded(self._final(self.encoder_norm, x, keep), pad_mask, weights if need_weights else None)
 
     def _keep(self, ids: torch.Tensor) -> torch.Tensor | None:
-        """(B, T) True at real tokens, for a BatchNorm's statistics (`model.norm: batch`); None for LayerNorms."""
-        return ids.ne(PAD_ID) if self.config.norm == "batch" else None
+        """(B, T) True at the real tokens, which a BatchNorm's statistics count (BatchNormed); None for LayerNorms."""
+        return None
 
     @staticmethod
     def _final(norm: nn.Module, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -261,3 +276,78 @@ class Transformer(Seq2Seq):
         log_probs = self.logits.log_probs(self.decoder_norm(y)[:, 0], *self.output_layer())  # (B, V)
         state = DecoderState(state.memory_kv, state.memory_mask, new_kv, state.length + 1, state.beams, layers)
         return log_probs, state, (cross if need_weights else None)
+
+
+# --- the variants: one part of the paper's layer taken away or swapped each (`model.variant`) ----------
+class NoResidual(Transformer):
+    """No residual connections: every block is Norm(Sublayer(x)) (post-LN), without the "x +" of section 3.1."""
+
+    variant, exportable = "no-residual", False
+    block_class = Unskipped
+
+
+class NoFeedForward(Transformer):
+    """No position-wise FFN (section 3.3): each layer is its attention blocks alone."""
+
+    variant, exportable = "no-ffn", False
+
+    def make_feed_forward(self) -> None:
+        return None
+
+
+class NoOutputProjection(Transformer):
+    """No W^O (section 3.2.2): the concatenated heads are every attention's output (ConcatHeadsAttention)."""
+
+    variant = "no-wo"
+    attention_class = ConcatHeadsAttention
+
+
+class SharedQK(Transformer):
+    """Keys from the queries' projection, W^K = W^Q (SharedQKAttention; the Reformer's)."""
+
+    variant, exportable = "shared-qk", False
+    attention_class = SharedQKAttention
+
+
+class NoScale(Transformer):
+    """Raw dot products, q . k undivided by sqrt(d_k) (UnscaledAttention; section 3.2.1's reason for the scale)."""
+
+    variant, exportable = "no-scale", False
+    attention_class = UnscaledAttention
+
+
+class BatchNormed(Transformer):
+    """Each block's norm a BatchNorm over the batch's real tokens instead of LayerNorm (attnkit.nn.norms)."""
+
+    variant, exportable = "batch-norm", False
+
+    def make_norm(self) -> nn.Module:
+        return TokenBatchNorm(self.config.d_model)
+
+    def _keep(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.ne(PAD_ID)  # (B, T)
+
+
+class Kyubyong(Transformer):
+    """Kyubyong Park's TensorFlow Transformer (docs/kyubyong.md): no W^O, `dropout` on the embeddings only (none on
+    the sublayers' outputs), LayerNorms of epsilon 1e-8, and no positional encoding at padding positions."""
+
+    variant = "kyubyong"
+    attention_class = ConcatHeadsAttention
+    layer_norm_eps = 1e-8
+
+    def make_norm(self) -> nn.Module:
+        return nn.LayerNorm(self.config.d_model, eps=self.layer_norm_eps)
+
+    def make_block(self) -> Residual:
+        return Residual(self.config.d_model, 0.0, self.config.norm_first, self.make_norm())
+
+    def embed(self, table: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Padding positions get no position (his `positional_encoding(masking=True)`)."""
+        x = table(ids) * self.embed_scale  # (B, T, D)
+        pe = self.positions.encodings(ids.size(1), offset).to(x.dtype)  # (T, D)
+        return self.dropout(x + pe * ids.ne(PAD_ID)[..., None])  # (B, T, D) + (T, D) * (B, T, 1)
+
+
+VARIANTS: dict[str, type[Transformer]] = {cls.variant: cls for cls in (
+    Transformer, NoResidual, NoFeedForward, NoOutputProjection, SharedQK, NoScale, BatchNormed, Kyubyong)}

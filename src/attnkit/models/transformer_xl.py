@@ -280,11 +280,14 @@ class VanillaLM(LanguageModel):
         super().__init__(config)
         c = config
         self.positions = position_encoding(c.positions, c.d_model, c.max_positions)
-        self.layers = nn.ModuleList(
-            self.layer_class(c.d_model, c.n_heads, c.d_ff, dropout=c.dropout, attention_dropout=c.attention_dropout,
-                             activation_dropout=c.dropout, activation=c.activation, norm_first=c.norm_first,
-                             self_attention=self_attention_for(c.positions, c.relative_clip))
-            for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(self.make_layer() for _ in range(c.n_layers))
+
+    def make_layer(self) -> EncoderLayer:
+        """Causal self-attention (Shaw et al.'s where `positions: shaw`) and the FFN, each in a residual block."""
+        c = self.config
+        attention = self_attention_for(c.positions, c.relative_clip)(c.d_model, c.n_heads, c.attention_dropout)
+        return self.layer_class(attention, FeedForward(c.d_model, c.d_ff, c.activation, c.dropout),
+                                lambda: Residual(c.d_model, c.dropout, c.norm_first))
 
     def forward(self, x: torch.Tensor, mems: Mems | None = None, *, targets: torch.Tensor | None = None,
                 mem_len: int = 0, clamp_len: int = 0, ext_len: int = 0, need_weights: bool = False):

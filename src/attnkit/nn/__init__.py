@@ -7,12 +7,13 @@ from attnkit.nn.attention import (
     MultiHeadAttention,
     SharedQKAttention,
     StackedLinear,
+    UnscaledAttention,
     eager_attention,
     scaled_dot_product,
     sdpa_attention,
     set_attention_function,
 )
-from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward
+from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward, Residual, Unskipped
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import LearnedPositions, SinusoidalPositions, position_encoding, sinusoid_table
 
@@ -26,9 +27,12 @@ __all__ = [
     "KVCache",
     "LearnedPositions",
     "MultiHeadAttention",
+    "Residual",
     "SharedQKAttention",
     "StackedLinear",
     "SinusoidalPositions",
+    "UnscaledAttention",
+    "Unskipped",
     "causal_mask",
     "eager_attention",
     "key_padding_to_attn_mask",

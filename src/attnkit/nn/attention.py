@@ -6,8 +6,9 @@ The products with the keys and values are an attention function's, chosen outsid
 torch's fused kernels on CPU and CUDA, `eager_attention`: written out; attnkit.cpu has its own for small CPU
 batches); when the caller asks for the weights (pictures, alignments) the explicit path (`weigh`) computes
 softmax(QK^T / sqrt(Dh)) V and returns them. Variants (relative attention) build their own logits and
-reuse `weigh`. Two of the paper's parts can be switched off to see what they do: the 1 / sqrt(Dh) scale
-(`scaled=False`: raw dot products) and separate keys (`SharedQKAttention`: the keys are the queries' projection).
+reuse `weigh`. The variants take one of the paper's parts away to see what it does, a subclass each: the
+1 / sqrt(Dh) scale (`UnscaledAttention`: raw dot products), separate keys (`SharedQKAttention`: the keys are the
+queries' projection) and W^O (`ConcatHeadsAttention`).
 """
 
 from __future__ import annotations
@@ -169,17 +170,16 @@ class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with one packed (3D, D) input projection.
 
     Self-attention projects Q, K, V in a single matmul; cross-attention uses the Q rows for the
-    queries and the K/V rows for the memory, so both share one parameter layout. `scaled=False` leaves the
-    dot products undivided by sqrt(Dh) (`model.scale_scores: false`). The softmax and the products with the keys
-    and values are `attention_function`'s (sdpa_attention unless the caller chose another).
+    queries and the K/V rows for the memory, so both share one parameter layout. The softmax and the products with
+    the keys and values are `attention_function`'s (sdpa_attention unless the caller chose another).
     """
 
     attention_function: AttentionFunction = staticmethod(sdpa_attention)
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.score_scale = 1 / math.sqrt(self.head_dim) if scaled else 1.0  # section 3.2.1
+        self.score_scale = 1 / math.sqrt(self.head_dim)  # section 3.2.1
         self.attention_dropout = nn.Dropout(dropout)  # on the attention weights
         self.in_proj = StackedLinear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
@@ -271,24 +271,33 @@ class MultiHeadAttention(nn.Module):
 
 class ConcatHeadsAttention(MultiHeadAttention):
     """Multi-head attention without W^O: the concatenated heads are the output (Kyubyong Park's TensorFlow
-    Transformer, `model.output_projection: false`). D = H * Dh, so the shapes stay those of the paper's."""
+    Transformer; `model.variant: no-wo`). D = H * Dh, so the shapes stay those of the paper's."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
-        super().__init__(d_model, n_heads, dropout, bias, scaled)
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, dropout, bias)
         self.out_proj = None  # no parameters, so none in the state dict
 
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         return heads
 
 
+class UnscaledAttention(MultiHeadAttention):
+    """Multi-head attention on the raw dot products, q . k undivided by sqrt(Dh) (`model.variant: no-scale`): what
+    the paper's scale is for (section 3.2.1: large dot products push the softmax into its flat regions)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, dropout, bias)
+        self.score_scale = 1.0
+
+
 class SharedQKAttention(MultiHeadAttention):
-    """Multi-head attention whose keys are its queries' projection, W^K = W^Q (`model.shared_qk: true`; the
+    """Multi-head attention whose keys are its queries' projection, W^K = W^Q (`model.variant: shared-qk`; the
     Reformer's shared-QK attention, Kitaev et al. 2020, without its other changes): one (2D, D) product gives the
     [q; v] rows, and a self-attention's keys are its queries. Cross-attention projects the memory with W^Q for its
     keys. Initialised as MultiHeadAttention's q and v rows (the same seed gives the same W^Q and W^V)."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True):
-        super().__init__(d_model, n_heads, dropout, bias, scaled)
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, dropout, bias)
         packed = self.in_proj  # (3D, D): the [q; k; v] rows the base class initialised
         self.in_proj = StackedLinear(d_model, 2 * d_model, bias=bias, device="meta")  # no random draws: rows come below
         self.in_proj.weight = nn.Parameter(torch.cat([packed.weight[:d_model], packed.weight[2 * d_model :]]).detach())

@@ -2,10 +2,11 @@
 
 B batch, S source length, T target length, D model dim.
 
-The layers' parts can be switched off or swapped one at a time to see what each does (`TransformerConfig`'s
-`residual`, `ffn`, `scale_scores`, `shared_qk`, `norm`): a block without its skip connection passes the sublayer's
-output alone on (still normalised), a layer without its FFN is its attention blocks alone, and `norm: batch`
-normalises over the batch's real tokens (`keep`, (B, T)) instead of over each token's features (attnkit.nn.norms).
+A layer takes its sublayers as modules and its residual blocks from a factory, as the Annotated Transformer's
+`EncoderLayer(size, self_attn, feed_forward, dropout)` does, so the model's variants (attnkit.models.transformer)
+swap one part each: a block without its skip connection (`Unskipped`) passes the sublayer's output alone on (still
+normalised), a layer without its FFN (`ffn=None`) is its attention blocks alone, and a block's norm may be a
+BatchNorm over the batch's real tokens (`keep`, (B, T); attnkit.nn.norms) instead of a LayerNorm.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit.nn.attention import KVCache, MultiHeadAttention
-from attnkit.nn.norms import NormFn, make_norm, norm_function
+from attnkit.nn.norms import NormFn, norm_function
 
 # swish is SiLU, x * sigmoid(x) (Marian's and Hugging Face's name for it)
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -59,15 +60,16 @@ def residual(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], norm: 
 
 
 class Residual(nn.Module):
-    """x + Dropout(f(x)) with LayerNorm (or `norm`: NORMS) after (post-LN, the paper) or before f (pre-LN), or
-    without the x + (`skip=False`): see `residual`."""
+    """x + Dropout(f(x)) with LayerNorm (or the given `norm`) after the sum (post-LN, the paper) or before f (pre-LN):
+    see `residual`."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5, skip: bool = True,
-                 norm: str = "layer"):
+    skip = True  # the "x +" (`Unskipped`: none)
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, norm: nn.Module | None = None):
         super().__init__()
-        self.norm = make_norm(norm, d_model, eps)
+        self.norm = nn.LayerNorm(d_model) if norm is None else norm
         self.dropout = nn.Dropout(dropout)
-        self.norm_first, self.skip = norm_first, skip
+        self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor],
                 keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,22 +77,20 @@ class Residual(nn.Module):
         return residual(x, fn, norm_function(self.norm, keep), self.norm_first, self.dropout, self.skip)
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention, then the FFN, each in a residual block. `dropout` is the residual blocks' (on the sublayer's
-    output), `attention` the attention's class (MultiHeadAttention, or a variant; `self_attention` where the
-    self-attention's differs: relative positions), `norm_eps` the LayerNorms'; `ffn`, `skip` and `scaled` switch off
-    the FFN, the skip connections and the 1 / sqrt(Dh) scale, `norm` swaps the LayerNorms (NORMS)."""
+class Unskipped(Residual):
+    """The block without its residual connection: Norm(Dropout(f(x))) (post-LN), Dropout(f(Norm(x))) (pre-LN)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
-                 activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
-                 attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
-                 self_attention: Callable[..., MultiHeadAttention] | None = None, ffn: bool = True, skip: bool = True,
-                 scaled: bool = True, norm: str = "layer"):
+    skip = False
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then the FFN (None: the attention block alone), each in a residual block made by `block()`."""
+
+    def __init__(self, self_attn: MultiHeadAttention, ffn: FeedForward | None, block: Callable[[], Residual]):
         super().__init__()
-        self.self_attn = (self_attention or attention)(d_model, n_heads, attention_dropout, scaled=scaled)
-        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout) if ffn else None
-        self.attn_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm)
-        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm) if ffn else None
+        self.self_attn, self.ffn = self_attn, ffn
+        self.attn_block = block()
+        self.ffn_block = None if ffn is None else block()
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None, need_weights: bool = False,
                 keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -108,7 +108,7 @@ class EncoderLayer(nn.Module):
 
 def _apply(block: Residual | None, fn: Callable[[torch.Tensor], torch.Tensor] | None, x: torch.Tensor,
            keep: torch.Tensor | None) -> torch.Tensor:
-    """x through a residual block around fn, or x itself where the layer has no such block (`model.ffn: false`)."""
+    """x through a residual block around fn, or x itself where the layer has no such block (no FFN)."""
     return x if block is None else block(x, fn, keep)
 
 
@@ -131,24 +131,18 @@ class StepWeights(NamedTuple):
     cross_out: Callable[[torch.Tensor], torch.Tensor]
     norms: tuple[NormFn, NormFn, NormFn | None]  # the three residual blocks' norms, as functions
     norm_first: bool
-    skip: bool  # the blocks' residual connections (False: `model.residual: false`)
+    skip: bool  # the blocks' residual connections (False: `Unskipped` blocks)
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention, FFN, each in a residual block; the keywords as EncoderLayer's."""
+    """Causal self-attention, cross-attention, the FFN (None: none), each in a residual block made by `block()`."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float, attention_dropout: float,
-                 activation_dropout: float, activation: str, norm_first: bool, norm_eps: float = 1e-5,
-                 attention: Callable[..., MultiHeadAttention] = MultiHeadAttention,
-                 self_attention: Callable[..., MultiHeadAttention] | None = None, ffn: bool = True, skip: bool = True,
-                 scaled: bool = True, norm: str = "layer"):
+    def __init__(self, self_attn: MultiHeadAttention, cross_attn: MultiHeadAttention, ffn: FeedForward | None,
+                 block: Callable[[], Residual]):
         super().__init__()
-        self.self_attn = (self_attention or attention)(d_model, n_heads, attention_dropout, scaled=scaled)
-        self.cross_attn = attention(d_model, n_heads, attention_dropout, scaled=scaled)
-        self.ffn = FeedForward(d_model, d_ff, activation, activation_dropout) if ffn else None
-        self.self_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm)
-        self.cross_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm)
-        self.ffn_block = Residual(d_model, dropout, norm_first, norm_eps, skip, norm) if ffn else None
+        self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
+        self.self_block, self.cross_block = block(), block()
+        self.ffn_block = None if ffn is None else block()
 
     def forward(
         self, y: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None, need_weights: bool = False,

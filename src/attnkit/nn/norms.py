@@ -1,6 +1,6 @@
 """The residual blocks' normalisation: LayerNorm (the paper, section 3.1) or BatchNorm over a batch's tokens.
 
-B batch, T length, D model dim. `model.norm: batch` is the parts table's "BatchNorm instead of LayerNorm": each
+B batch, T length, D model dim. `model.variant: batch-norm` is the parts table's "BatchNorm instead of LayerNorm": each
 feature normalised by its mean and variance over the batch's real tokens (padding neither counts nor moves the
 running statistics), as CNNs normalise over a batch's pixels, and by the running statistics at inference: the
 normalisation Shen et al. (2020, "PowerNorm") found to fail in NLP Transformers, since token statistics vary
@@ -14,8 +14,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from attnkit.config import NORMS
 
 NormFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -42,13 +40,6 @@ def _like(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """(B*T, D) float32 -> x's shape; in x's dtype outside autocast (under it, float32, as LayerNorm's output)."""
     out = out.view(x.shape)
     return out if torch.is_autocast_enabled(x.device.type) else out.to(x.dtype)
-
-
-def make_norm(kind: str, d_model: int, eps: float) -> nn.LayerNorm | TokenBatchNorm:
-    """A residual block's normalisation module: "layer" or "batch" (NORMS)."""
-    if kind not in NORMS:
-        raise ValueError(f"norm is one of {', '.join(NORMS)}, not {kind!r}")
-    return nn.LayerNorm(d_model, eps=eps) if kind == "layer" else TokenBatchNorm(d_model, eps=eps)
 
 
 def norm_function(norm: nn.Module, keep: torch.Tensor | None = None) -> NormFn:

@@ -40,9 +40,8 @@ class ShawAttention(MultiHeadAttention):
     Always the explicit path (`normalised`: the masking, softmax and dropout `weigh` uses): the value term needs the
     weights."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, scaled: bool = True, *,
-                 clip: int = 16):
-        super().__init__(d_model, n_heads, dropout, bias, scaled)
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True, *, clip: int = 16):
+        super().__init__(d_model, n_heads, dropout, bias)
         self.clip = clip
         self.rel_keys = nn.Parameter(torch.randn(2 * clip + 1, self.head_dim) * self.head_dim**-0.5)  # a^K (R, Dh)
         self.rel_values = nn.Parameter(torch.randn(2 * clip + 1, self.head_dim) * self.head_dim**-0.5)  # a^V (R, Dh)
@@ -61,7 +60,8 @@ class ShawAttention(MultiHeadAttention):
         return self.merge_heads(out), (weights if need_weights else None)
 
 
-def self_attention_for(positions: str, clip: int) -> Callable[..., MultiHeadAttention] | None:
-    """The self-attention a config's `positions` asks for where it differs from the layer's other attention:
-    ShawAttention with its clipping distance for `shaw`, else None (the layer's own)."""
-    return partial(ShawAttention, clip=clip) if positions == "shaw" else None
+def self_attention_for(positions: str, clip: int, attention: Callable[..., MultiHeadAttention] = MultiHeadAttention
+                       ) -> Callable[..., MultiHeadAttention]:
+    """The self-attention class a config's `positions` asks for: ShawAttention with its clipping distance for
+    `shaw`, else the layer's own `attention`."""
+    return partial(ShawAttention, clip=clip) if positions == "shaw" else attention

@@ -60,7 +60,7 @@ def with_positions(model: Transformer, positions: str) -> Transformer:
     if positions == model.config.positions:
         return model
     with torch.random.fork_rng(devices=[]):  # the new model's throwaway initialisation leaves the host's generator
-        other = Transformer(dataclasses.replace(model.config, positions=positions)).eval()
+        other = Transformer.from_config(dataclasses.replace(model.config, positions=positions)).eval()
     state = {k: v for k, v in model.state_dict().items() if not _position_weight(k)}
     missing, unexpected = other.load_state_dict(state, strict=False)
     if unexpected or not all(map(_position_weight, missing)):
@@ -80,7 +80,7 @@ def random_model(vocab_size: int, seed: int) -> Transformer:
     config = TransformerConfig(src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, **RANDOM_MODEL)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return Transformer(config).eval()
+        return Transformer.from_config(config).eval()
 
 
 def sentence_ids(text: str, checkpoint: str | Path | None, seed: int) -> tuple[Transformer, list[str], list[int]]:
