@@ -13,7 +13,7 @@ from attnkit.cli.options import (
     add_quantize_option,
     decode_options,
 )
-from attnkit.errors import AttnkitError, DataError
+from attnkit.errors import AttnkitError, ConfigError, DataError
 from attnkit.io import atomic_write_text, ensure_new_output
 
 
@@ -85,7 +85,14 @@ def add_parsers(sub) -> dict[str, Callable]:
                       help="output tokens per sentence (also the default of the request's max_len)")
     caps.add_argument("--max-top-k", type=int, default=1000, help="top_k for sampling")
 
-    e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased) and chrF of a hypothesis file",
+    add_evaluate(sub)
+    return {"translate": cmd_translate, "score": cmd_score, "serve": cmd_serve, "evaluate": cmd_evaluate}
+
+
+def add_evaluate(sub) -> None:
+    """The evaluate verb: scores of a hypothesis file, and --compare against another."""
+    e = sub.add_parser("evaluate", help="sacreBLEU (cased + lowercased), chrF, chrF++ and TER of a hypothesis file; "
+                                        "--compare: paired bootstrap against another system's",
                        description="BLEU tokenised for the target language (zh for Chinese, ja-mecab / ko-mecab "
                                    "where installed, 13a otherwise): --tgt-lang, else the references' script "
                                    "decides; --tokenize overrides. Prints sacreBLEU's signatures and the choice.")
@@ -95,7 +102,9 @@ def add_parsers(sub) -> dict[str, Callable]:
                                       "references' script decides")
     e.add_argument("--tokenize", metavar="TOK", help="sacreBLEU's tokenizer whatever the language: 13a, zh, "
                                                      "ja-mecab, ko-mecab, char, intl or none")
-    return {"translate": cmd_translate, "score": cmd_score, "serve": cmd_serve, "evaluate": cmd_evaluate}
+    e.add_argument("--compare", metavar="OTHER", help="another system's translations of the same sources: BLEU and "
+                                                      "chrF++ of both over paired bootstrap resamples, with p-values")
+    e.add_argument("--bootstrap-samples", type=int, default=1000, help="resamples for --compare")
 
 
 def add_target_tag_option(p) -> None:
@@ -273,8 +282,22 @@ def cmd_serve(args, overrides: list[str]) -> None:
 def cmd_evaluate(args, overrides: list[str]) -> None:
     from attnkit.data import read_parallel
     from attnkit.eval import score_corpus
+    from attnkit.eval.significance import extra_metrics, paired_bootstrap
 
     hyps, refs = read_parallel(args.hyp, args.ref)  # a lost or extra line: an error naming both files
     scores = score_corpus(hyps, refs, lang=args.tgt_lang, tokenize=args.tokenize)
+    metrics = extra_metrics(scores.tokenizer)
     print(scores.summary())
+    print(", ".join(f"{name} {metric.corpus_score(hyps, [refs]).score:.2f}" for name, metric in metrics.items()))
     print(scores.signatures())
+    for name, metric in metrics.items():
+        print(f"{name + ' signature:':16}{metric.get_signature()}")
+    if args.compare:
+        if args.bootstrap_samples < 1:
+            raise ConfigError("--bootstrap-samples must be at least 1")
+        other, _ = read_parallel(args.compare, args.ref)
+        print(f"\npaired bootstrap, {args.bootstrap_samples} resamples of the {len(refs)} sentences (sacreBLEU; "
+              f"p: how often a difference this large arises by chance): --hyp, then --compare, each score with its "
+              f"bootstrap mean ± 95% interval")
+        for row in paired_bootstrap(hyps, other, refs, scores.tokenizer, args.bootstrap_samples):
+            print(row.line())

@@ -1,5 +1,6 @@
 """An HTTP translation service: `POST /translate` in, translations with scores out; `GET /` the attention explorer,
-which asks `POST /explore` for a sentence's hypotheses and their attention. (Language models: lm_app.py.)
+which asks `POST /explore` for a sentence's hypotheses and their attention; LibreTranslate's API under
+`/libretranslate/` for its clients (libretranslate.py). (Language models: lm_app.py.)
 
 Requests are checked against the server's caps (`Limits`) and their text validated before they join a
 batch (schema.py); a bounded queue and one worker translate them in batches (batcher.py); operators read
@@ -36,6 +37,7 @@ from attnkit.decode.memory import gigabytes
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.runtime import available_memory
+from attnkit.serve import libretranslate
 from attnkit.serve.batcher import Batcher
 from attnkit.serve.schema import (
     ErrorOut,
@@ -62,11 +64,12 @@ def check_memory(translator: Translator, limits: Limits, budget: int | None) -> 
 
 def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_wait_ms: float = 5.0,
                max_queue: int = 256, request_timeout_s: float = 60.0, memory_budget_mb: float | None = None,
-               **limits) -> FastAPI:
+               languages: dict[str, str | None] | None = None, **limits) -> FastAPI:
     """A FastAPI app serving `translator`; the batching worker lives as long as the app's lifespan.
 
     `limits` are the fields of `Limits` (max_request_sentences, max_chars, max_beam, max_output_tokens,
-    max_top_k); the memory budget per batch defaults to half the memory available at start.
+    max_top_k); the memory budget per batch defaults to half the memory available at start. `languages`
+    ({"src": code, "tgt": code}, as checkpoints record them) is what LibreTranslate's routes answer and check.
     """
     caps = Limits(**limits)
     if max_batch_sentences < 1 or max_queue < 1 or batch_wait_ms < 0 or request_timeout_s <= 0:
@@ -135,6 +138,8 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
         items = await queued([req.text], options, False, views=True)
         return explorer_data(items, title=f"attnkit: {model_kind}", model=model_kind, task="translation")
 
+    languages = languages or {}
+    libretranslate.install(app, queued, caps, languages, [languages["tgt"]] if languages.get("tgt") else [])
     return app
 
 
@@ -176,7 +181,7 @@ def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, ap
               target_tag: str | None = None) -> FastAPI:
     from pathlib import Path
 
-    from attnkit.checkpoint import load_checkpoint, load_lm_checkpoint
+    from attnkit.checkpoint import checkpoint_languages, load_checkpoint, load_lm_checkpoint
     from attnkit.config import family
     from attnkit.runtime import resolve_device
 
@@ -185,7 +190,7 @@ def _load_app(checkpoint: str | list[str], device: str, quantize: str | None, ap
     kind = load_checkpoint(checkpoint).kind
     if family(kind, f"{checkpoint}: model kind").task != "lm":
         return create_app(Translator.from_checkpoints(paths, device, quantize=quantize, target_tag=target_tag),
-                          **app_kw)
+                          languages=checkpoint_languages(checkpoint), **app_kw)
     if len(paths) > 1:
         raise ConfigError(f"{checkpoint} holds a {kind} language model: serve one at a time (ensembles are of "
                           "translation models)")
