@@ -33,6 +33,8 @@ from safetensors.torch import save_file
 
 from attnkit import config as cfgmod
 from attnkit.data.lm import LMVocab
+from attnkit.data.moses_bpe import MAGIC
+from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import CheckpointError
 from attnkit.io import atomic_path, trust_pickle
 from attnkit.models import build_model
@@ -295,6 +297,20 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
         state.setdefault(int(idx), {})[name] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+def checkpoint_tokenizers(path: str | Path):
+    """The (source, target) sentencepiece tokenizers of a translation checkpoint, the same object for a joint one:
+    what `attnkit prepare --tokenizer-from` encodes new data with, so that a model fine-tuned on it keeps its ids."""
+    ckpt = load_checkpoint(path)
+    if "src" not in ckpt.tokenizers:
+        raise CheckpointError(f"{path} holds a '{ckpt.kind}' model, not a translation model with tokenizers")
+    blobs = [ckpt.tokenizers["src"], ckpt.tokenizers.get("tgt")]
+    if any(blob is not None and blob.startswith(MAGIC) for blob in blobs):
+        raise CheckpointError(f"{path} holds Moses + BPE tokenizers (a fairseq model's): --tokenizer-from takes "
+                              "sentencepiece ones")
+    src = SubwordTokenizer.from_bytes(blobs[0])
+    return src, (src if blobs[1] is None else SubwordTokenizer.from_bytes(blobs[1]))
 
 
 def epoch_checkpoints(run_dir: str | Path) -> list[Path]:

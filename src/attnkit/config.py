@@ -167,6 +167,7 @@ class TrainConfig(Optimisation):
     save_every_minutes: float = 10.0  # also save `last` mid-epoch so a kill loses little
     save_every_steps: int = 0  # and every this many updates (0 = by time only)
     keep_epochs: int = 5  # per-epoch weights kept for `attnkit average` (0 = none)
+    init_from: str = ""  # a checkpoint whose weights the run starts from (`attnkit train --init-from`; train/finetune)
 
     def __post_init__(self) -> None:
         super().__post_init__()

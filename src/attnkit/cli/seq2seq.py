@@ -52,10 +52,17 @@ def add_parsers(sub) -> dict[str, Callable]:
                          "(1.0 keeps all; sentencepiece suggests 0.9995 for large character sets)")
     pr.add_argument("--max-src-len", type=int, default=256, help="drop training pairs longer than this")
     pr.add_argument("--max-tgt-len", type=int, default=256, help="drop training pairs whose target is longer")
+    pr.add_argument("--tokenizer-from", metavar="CHECKPOINT",
+                    help="encode with this checkpoint's tokenizers instead of training new ones (fine-tuning it: "
+                         "train --init-from CHECKPOINT)")
     pr.add_argument("--force", action="store_true", help="overwrite an existing output folder")
 
     t = sub.add_parser("train", help="train a seq2seq model (Transformer, rnn-*) on a prepared corpus")
-    add_train_options(t, "attnkit prepare", "transformer-small; with --resume: the run's", "translation")
+    add_train_options(t, "attnkit prepare", "transformer-small; with --init-from: finetune; with --resume: the "
+                                            "run's", "translation")
+    t.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="fine-tune: start from this translation checkpoint's weights and model (an attnkit run's or "
+                        "an imported one), on data prepared with --tokenizer-from CHECKPOINT")
 
     av = sub.add_parser("average", help="average the weights of several checkpoints into a new one")
     av.add_argument("checkpoints", nargs="*", help="checkpoint files (or use --run and --last)")
@@ -84,15 +91,18 @@ def cmd_demo(args, overrides: list[str]) -> None:
 
 
 def cmd_prepare(args, overrides: list[str]) -> None:
+    from attnkit.checkpoint import checkpoint_tokenizers
     from attnkit.data import prepare, resolve_prefix
 
     def pair(prefix: str | None):
         return None if prefix is None else (resolve_prefix(prefix, args.src), resolve_prefix(prefix, args.tgt))
 
+    tokenizers = checkpoint_tokenizers(args.tokenizer_from) if args.tokenizer_from else None
     report = prepare(args.out, pair(args.train), pair(args.valid), pair(args.test), vocab_size=args.vocab_size,
                      joint=not args.separate_vocab, model_type=args.model_type, max_src_len=args.max_src_len,
                      max_tgt_len=args.max_tgt_len, force=args.force, src_lang=args.src, tgt_lang=args.tgt,
-                     normalization=args.normalization, character_coverage=args.character_coverage)
+                     normalization=args.normalization, character_coverage=args.character_coverage,
+                     tokenizers=tokenizers)
     print(report.summary())
     print(f"wrote {args.out}")
 
@@ -101,7 +111,15 @@ def cmd_train(args, overrides: list[str]) -> None:
     from attnkit import config as cfgmod
     from attnkit.train.trainer import Trainer
 
-    cfg = train_config(args, overrides, "transformer-small")
+    if args.init_from:
+        from attnkit.train.finetune import fine_tuning_config
+
+        if args.resume:
+            raise AttnkitError("--init-from starts a fine-tuning run; --resume continues one (its config names the "
+                               "checkpoint it started from): give one of them")
+        cfg = fine_tuning_config(args.init_from, args.config or ["finetune"], overrides)
+    else:
+        cfg = train_config(args, overrides, "transformer-small")
     if not isinstance(cfg, cfgmod.RunConfig):
         where = f"--config {' '.join(args.config)}" if args.config else f"the run in {args.out}"
         raise AttnkitError(f"{where} configures a '{cfg.model.kind}' language model: train it with `attnkit lm train`")

@@ -304,6 +304,7 @@ def prepare(
     tgt_lang: str | None = None,
     normalization: str | None = None,
     character_coverage: float = 1.0,
+    tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None,
 ) -> PrepareReport:
     """Train tokenizer(s) on the training text, encode every split and write the data folder.
 
@@ -311,6 +312,8 @@ def prepare(
     into every checkpoint, so that BLEU is tokenised for the target language (`attnkit.eval.bleu_tokenizer`)
     without being told again. `normalization` and `character_coverage`: the tokenizer's (`SubwordTokenizer.train`);
     without a `normalization` the languages choose it (`default_normalization`: identity for Chinese or Japanese).
+    `tokenizers`: (source, target) tokenizers to encode with instead of training new ones (the same object twice
+    for a joint one): a checkpoint's, so that a model fine-tuned on this folder reads its ids as it learnt them.
 
     The folder is built beside `out_dir` and swapped into its place whole when every file is written
     (`atomic_folder`): an error or an interruption half-way leaves an earlier folder as it was (tests/
@@ -322,11 +325,14 @@ def prepare(
     rule, why = default_normalization(src_lang, tgt_lang)
     if normalization:
         rule, why = normalization, "chosen with --normalization"
+    if tokenizers is not None:  # not trained here: the given tokenizers' own normalisation and model type
+        rule, why = "the given tokenizers' own", "not trained here"
+        model_type, joint = "given", tokenizers[0] is tokenizers[1]
     given = {name: paths for name, paths in zip(SPLIT_NAMES, (train, valid, test)) if paths is not None}
     # valid and test (small) are read whole before anything is written: a bad valid file leaves no half-made folder
     texts = {name: read_parallel(*paths) for name, paths in given.items() if name != "train"}
     try:
-        src_tok, tgt_tok = _train_tokenizers(
+        src_tok, tgt_tok = tokenizers or _train_tokenizers(
             *map(stream_lines, given["train"]), vocab_size=vocab_size, joint=joint, model_type=model_type, seed=seed,
             normalization=rule, character_coverage=character_coverage,
         )

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnkit import config as cfgmod
-from attnkit.checkpoint import epoch_checkpoints
+from attnkit.checkpoint import epoch_checkpoints, load_weights
 from attnkit.config import PAD_ID
 from attnkit.data import (
     EncodedSplit,
@@ -38,6 +38,7 @@ from attnkit.models.seq2seq import Seq2Seq
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
+from attnkit.train.finetune import initial_checkpoint
 from attnkit.train.losses import projected_label_smoothed_nll
 from attnkit.train.precision import PROBE_BATCHES, Passes, probe_parts
 
@@ -84,8 +85,11 @@ class Trainer(TrainerBase):
         self.src_tok, self.tgt_tok = load_tokenizers(self.data_dir)
         self.languages = data_languages(self.data_dir)
         self._bleu_tokenizer: TokenizerChoice | None = None  # chosen at the first dev BLEU, kept for the run
-        self.cfg = self._fit_config_to_data(cfg)
+        self.cfg = cfg if cfg.train.init_from else self._fit_config_to_data(cfg)  # fine-tuning: the model's own
         self.build()
+        if cfg.train.init_from and not resume:
+            ckpt = initial_checkpoint(cfg.train.init_from, self.tokenizer_blobs(), self.data_dir)
+            load_weights(self.model, ckpt, cfg.train.init_from)
         # DDP needs the training objective as a module's forward; the lambda finds training_losses at call time
         self.train_model = self.dist.wrap(TrainingForward(self.model, lambda m, b: training_losses(
             m, b, self.cfg.train.label_smoothing, self.cpu.row_multiple)))
