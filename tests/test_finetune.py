@@ -12,7 +12,7 @@ from attnkit.checkpoint import checkpoint_tokenizers, load_checkpoint, model_fro
 from attnkit.cli.main import main
 from attnkit.data import TokenBatchSampler, load_split, load_tokenizers, prepare
 from attnkit.data.batching import iterate_batches
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, ConfigError
 from attnkit.train.finetune import fine_tuning_config
 from attnkit.train.trainer import Trainer, model_losses
 
@@ -103,3 +103,25 @@ def test_a_fine_tuning_run_through_the_cli_resumes_exactly(tmp_path, own_data, p
     capsys.readouterr()
     assert main(["train", "--data", own_data, "--out", tmp_path / "halves", "--resume", "--init-from", pretrained]) == 2
     assert "--init-from starts a fine-tuning run; --resume continues one" in capsys.readouterr().err
+
+
+def test_frozen_parts_stay_as_the_checkpoint_had_them(tmp_path, own_data, pretrained):
+    cfg = fine_tuning_config(pretrained, ["finetune"], [*TINY, "--train.freeze=[src_embed, encoder]",
+                                                         "--train.max_steps=3"])
+    trainer = Trainer(cfg, own_data, tmp_path / "run", progress=False)
+    trainer.fit()
+    start = load_checkpoint(pretrained).model_state
+    now = trainer.model.state_dict()
+    frozen = [k for k in start if k.startswith(("src_embed.", "encoder."))]
+    assert frozen and all(torch.equal(now[k], start[k]) for k in frozen)
+    assert any(not torch.equal(now[k], start[k]) for k in start if k.startswith("decoder."))
+    trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert not any(id(p) in trained for name, p in trainer.model.named_parameters() if name in frozen)
+
+
+def test_freezing_a_part_the_model_lacks_is_one_line(tmp_path, own_data, pretrained):
+    cfg = fine_tuning_config(pretrained, ["finetune"], [*TINY, "--train.freeze=[embeddings]"])
+    with pytest.raises(ConfigError) as e:
+        Trainer(cfg, own_data, tmp_path / "run", progress=False)
+    assert "train.freeze: embeddings is not a part of this Transformer (its parts with weights: src_embed, encoder, "\
+        "decoder" in str(e.value)

@@ -119,6 +119,7 @@ class Optimisation:
     compile: bool = False  # torch.compile the model's forward (and so its backward) for training
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: graph capture without codegen)
     seed: int = 1
+    freeze: list[str] = field(default_factory=list)  # the model's parts (top-level modules) that stay as they are
     device: str = "auto"
     log_every: int = 50
 

@@ -39,6 +39,7 @@ from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
 from attnkit.runtime import resolve_device, seed_everything
 from attnkit.train.distributed import Distributed
+from attnkit.train.finetune import freeze
 from attnkit.train.metrics_log import MetricsLog, NullLog
 from attnkit.train.optim import adamw
 from attnkit.train.precision import Passes, choose_dtype, no_trace
@@ -65,7 +66,7 @@ class Interrupted(AttnkitError):
 def decay_groups(model: torch.nn.Module, weight_decay: float, decay_vectors: bool) -> list[dict]:
     """AdamW's parameter groups: one group decaying everything (fairseq's Adam), or, without `decay_vectors`,
     the parameters of 2 or more dimensions decayed and the biases and normalisations' gains not (GPT-2's rule)."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # frozen parts (train.freeze) are not trained
     if decay_vectors or weight_decay == 0:
         return [{"params": params, "weight_decay": weight_decay}]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -153,6 +154,7 @@ class TrainerBase:
         t = self.cfg.train
         seed_everything(t.seed)
         self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
+        freeze(self.model, t.freeze)
         if t.compile:  # in place: the state dict keeps its names; new shapes recompile (dynamic after the first)
             self.model.compile(backend=t.compile_backend)
         self.seed_rank(0)

@@ -4,7 +4,8 @@ The checkpoint may be an attnkit run's or an imported model's (opus-mt / Marian,
 model exactly: its config is the checkpoint's model section (only the dropout rates may change, which shape
 training, not what the weights compute), its data must be encoded with the checkpoint's own tokenizers (`attnkit
 prepare --tokenizer-from CHECKPOINT`), so every id means what the model learnt, and it starts with a fresh optimizer
-under the `finetune` preset's schedule unless another is named. The run's config records the checkpoint
+under the `finetune` preset's schedule unless another is named; `train.freeze` keeps parts of it as they are (the
+embeddings, the encoder), which the optimizer then never sees. The run's config records the checkpoint
 (`train.init_from`); a resume continues from the run's own checkpoints. tests/test_finetune.py checks that the model
 starts with the checkpoint's dev loss, that a mismatch of tokenizers or architecture is refused, and that a
 fine-tuning run resumes exactly.
@@ -15,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from torch import nn
+
 from attnkit import config as cfgmod
 from attnkit.checkpoint import Checkpoint, load_checkpoint, tokenizer_difference
-from attnkit.errors import AttnkitError
+from attnkit.errors import AttnkitError, ConfigError
 
 DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # what a fine-tuning run may set anew
 
@@ -47,3 +50,15 @@ def initial_checkpoint(path: str | Path, tokenizers: dict[str, bytes], data_dir:
         raise AttnkitError(f"{data_dir} was prepared with other tokenizers than {path}'s ({differs}): prepare it with "
                            f"`attnkit prepare --tokenizer-from {path}` so that every id means what the model learnt")
     return ckpt
+
+
+def freeze(model: nn.Module, parts: list[str]) -> None:
+    """The named top-level parts of `model` stop learning (requires_grad off); an unknown name is a one-line error
+    listing the parts there are."""
+    children = {name: m for name, m in model.named_children() if any(True for _ in m.parameters())}
+    unknown = [part for part in parts if part not in children]
+    if unknown:
+        raise ConfigError(f"train.freeze: {', '.join(unknown)} is not a part of this {type(model).__name__} (its "
+                          f"parts with weights: {', '.join(children)})")
+    for part in parts:
+        children[part].requires_grad_(False)
