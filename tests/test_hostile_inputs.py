@@ -319,6 +319,27 @@ def test_translate_a_file(capsys, tmp_path, checkpoint, translator, expected, ca
     check_translations(case, written.decode("utf-8").split("\n")[:-1], expected[case.name])
 
 
+@pytest.mark.parametrize("case", HOSTILE, ids=ids(HOSTILE))
+def test_translate_a_document(capsys, tmp_path, checkpoint, translator, case):
+    """--document reads a file as every verb does (or refuses it in the same line) and gives back its lines: each
+    the translation of its sentences, an empty line empty."""
+    from attnkit.decode import translate_document
+
+    src, out = tmp_path / "input.de", tmp_path / "out.en"
+    src.write_bytes(case.data)
+    code, _, err = run(capsys, "translate", "--checkpoint", checkpoint, "--device", "cpu", "--input", src,
+                       "--output", out, "--document")
+    if case.lines is None:
+        assert (code, err) == (2, refusal(case, src)) and not out.exists()
+        return
+    assert code == 0, err
+    written = out.read_text(encoding="utf-8")
+    assert written == translate_document(translator, "\n".join(case.lines)) + "\n"
+    lines = written.split("\n")[:-1]
+    assert len(lines) == len(case.lines), f"a line was lost or added; {case.rule}"
+    assert all(lines[i - 1].strip() == "" for i in case.empty)
+
+
 @pytest.fixture(scope="module")
 def exported(checkpoint, capsys_module) -> Path:
     pytest.importorskip("ctranslate2")

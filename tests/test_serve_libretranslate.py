@@ -64,6 +64,10 @@ def test_json_lists_lines_and_alternatives(url, sources):
     text = f"  {sources[0]}\n\n{sources[1]} \n"  # lines translated one at a time, breaks and outer spaces kept
     got = libre(url, q=text, source="de", target="en").json()["translatedText"]
     assert got == f"  {expected[0]}\n\n{expected[1]} \n"
+    paragraph = f"{sources[0]}. {sources[1]}!"  # a sentence at a time
+    expected = [t["text"] for t in own(url, [f"{sources[0]}.", f"{sources[1]}!"])]
+    got = libre(url, q=paragraph, source="de", target="en").json()["translatedText"]
+    assert got == f"{expected[0]} {expected[1]}"
     best = own(url, sources[:1], beam=3, nbest=3)[0]  # N alternatives: a beam of N + 1
     got = libre(url, q=sources[0], source="de", target="en", alternatives=2).json()
     assert got == {"translatedText": best["text"], "alternatives": [n["text"] for n in best["nbest"]]}

@@ -29,6 +29,10 @@ def add_parsers(sub) -> dict[str, Callable]:
                          "--quantize int8 = its int8 compute type)")
     tr.add_argument("--input", default="-", help="file (plain or .gz), or - for stdin (one sentence per line)")
     tr.add_argument("--output", default="-", help="file, or - for stdout")
+    tr.add_argument("--document", action="store_true",
+                    help="the input is a document, not a sentence a line: each line is split into sentences (pysbd; "
+                         "Chinese and Japanese by their punctuation), and the translations keep its lines, blank "
+                         "lines and spaces")
     tr.add_argument("--force", action="store_true", help="overwrite an existing output file")
     tr.add_argument("--interactive", action="store_true", help="read a line, answer at once, until EOF")
     tr.add_argument("--format", choices=["text", "tsv"], default="text",
@@ -168,6 +172,7 @@ def cmd_translate(args, overrides: list[str]) -> None:
         if prefixes is not None and len(prefixes) != len(lines):
             raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
     opts = decode_options(args)
+    check_document_options(args, opts)
     translator = load_translator(args)
     layers = translator.attention_layers
     if args.alignment_layer > layers:
@@ -179,6 +184,11 @@ def cmd_translate(args, overrides: list[str]) -> None:
                                        number_from=first + 1)  # warnings name the input's line
         return "".join(format_translation(first + i, t, args) for i, t in enumerate(results))
 
+    if args.document:
+        from attnkit.decode import translate_document
+
+        return write_output(args, translate_document(translator, "\n".join(lines), opts, lang=source_language(args),
+                                                      batch_size=args.batch_size, max_tokens=args.max_tokens) + "\n")
     header = tsv_header(args) if args.format == "tsv" else ""
     if args.interactive:
         sys.stdout.write(header)
@@ -186,11 +196,35 @@ def cmd_translate(args, overrides: list[str]) -> None:
             sys.stdout.write(render([line], n))
             sys.stdout.flush()
         return
-    text = header + render(lines, prefixes=prefixes)
+    write_output(args, header + render(lines, prefixes=prefixes))
+
+
+def write_output(args, text: str) -> None:
     if args.output == "-":
         sys.stdout.write(text)
     else:
         atomic_write_text(args.output, text)
+
+
+def check_document_options(args, opts) -> None:
+    """--document writes the translated text alone: what would need a sentence a line is refused in one line."""
+    if not args.document:
+        return
+    clashes = [name for name, given in (("--interactive", args.interactive), ("--prefix-file", args.prefix_file),
+                                         ("--format tsv", args.format == "tsv"), ("--nbest", opts.nbest > 1),
+                                         ("--print-alignment", args.print_alignment)) if given]
+    if clashes:
+        raise AttnkitError(f"--document writes the translated document alone; {', '.join(clashes)} needs a sentence "
+                           "a line (leave --document out)")
+
+
+def source_language(args) -> str | None:
+    """The source language whose sentence rules --document uses: the checkpoint's, as `attnkit prepare` recorded it."""
+    from attnkit.checkpoint import checkpoint_languages
+
+    if args.engine == "ctranslate2":
+        return None
+    return checkpoint_languages(args.checkpoint[0]).get("src")
 
 
 def check_model(args) -> None:

@@ -7,9 +7,10 @@
   `{"translatedText": ...}` (a list for a list), with `alternatives` where asked.
 - `GET /libretranslate/languages` lists the model's source language with the targets it translates into.
 
-The model translates sentences, so a text is translated a line at a time (its line breaks and the spaces around each
-line kept), and an HTML text a text node at a time (tags, attributes, comments and the contents of `<script>` and
-`<style>` kept as they are; entities read, and written back escaped). Every piece is checked against the server's caps
+The model translates sentences, so a text is translated a sentence at a time (attnkit.data.sentences: its line
+breaks, blank lines and the spaces between sentences kept), and an HTML text so a text node at a time (tags,
+attributes, comments and the contents of `<script>` and `<style>` kept as they are; entities read, and written back
+escaped). Every piece is checked against the server's caps
 and waits in the same queue, under the same time limit and metrics, as a request to `/translate`. Errors are
 LibreTranslate's: 400 with `{"error": "..."}` for a missing or wrong field (and attnkit's 413, 415, 503, 504 where
 those apply). tests/test_serve_libretranslate.py drives it with the `libretranslatepy` client.
@@ -26,6 +27,7 @@ from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 
+from attnkit.data.sentences import Piece, sentence_pieces
 from attnkit.decode.options import DecodeOptions, Translation
 from attnkit.serve.http import ApiError, check_input
 from attnkit.serve.schema import Limits
@@ -46,6 +48,7 @@ class LibreRequest:
     is_list: bool  # `q` was a list: the answer is too
     html: bool
     alternatives: int
+    lang: str | None  # the source language, whose sentence rules split the texts
 
 
 async def read_fields(request: Request) -> dict:
@@ -96,36 +99,30 @@ def parse_request(fields: dict, languages: dict[str, str | None], targets: list[
         raise ApiError(400, "Invalid request: alternatives must be a whole number") from None
     if alternatives < 0:
         raise ApiError(400, "Invalid request: alternatives must be 0 or more")
-    return LibreRequest([q] if isinstance(q, str) else list(q), isinstance(q, list), kind == "html", alternatives)
+    return LibreRequest([q] if isinstance(q, str) else list(q), isinstance(q, list), kind == "html", alternatives,
+                        src or (None if source == "auto" else source))
 
 
-def split_text(text: str, markup: bool) -> list[tuple[str, bool]]:
-    """(part, translate it?) pieces that join back into `text`: each line's words apart from its breaks and outer
-    spaces; with `markup`, each text node's, the tags and raw elements kept as they are."""
-    pieces: list[tuple[str, bool]] = []
+def split_text(text: str, markup: bool, lang: str | None = None) -> list[Piece]:
+    """(part, translate it?) pieces that join back into `text`: its sentences apart from what lies between them; with
+    `markup`, each text node's, the tags and raw elements kept as they are."""
+    pieces: list[Piece] = []
     raw = False  # inside <script> or <style>
     for part in _TAG.split(text) if markup else [text]:
         if markup and _TAG.fullmatch(part):
             pieces.append((part, False))
             raw = bool(_RAW.match(part)) or (raw and not part.lower().startswith(("</script", "</style")))
-            continue
-        for line in re.split(r"(\n)", part):
-            words = line.strip()
-            if raw or not words:
-                pieces.append((line, False))
-                continue
-            start = line.index(words)
-            pieces += [(line[:start], False), (words, True), (line[start + len(words):], False)]
+        else:
+            pieces += [(part, False)] if raw else sentence_pieces(part, lang)
     return pieces
 
 
 async def translate_texts(req: LibreRequest, queue: Queue, caps: Limits) -> dict:
     """The texts translated piece by piece (split_text) in one queued batch -> LibreTranslate's answer."""
-    split = [split_text(t, req.html) for t in req.texts]
+    split = [split_text(t, req.html, req.lang) for t in req.texts]
     sentences = [html.unescape(p) if req.html else p for pieces in split for p, move in pieces if move]
     if len(sentences) > caps.max_request_sentences:
-        raise ApiError(413, f"{len(sentences)} lines or text nodes in one request; the limit is "
-                            f"{caps.max_request_sentences}")
+        raise ApiError(413, f"{len(sentences)} sentences in one request; the limit is {caps.max_request_sentences}")
     for s in sentences:
         check_input(s, "q", caps.max_chars)
     if req.alternatives + 1 > caps.max_beam:
@@ -143,7 +140,7 @@ async def translate_texts(req: LibreRequest, queue: Queue, caps: Limits) -> dict
     return answer
 
 
-def _joined(pieces: list[tuple[str, bool]], done, req: LibreRequest) -> tuple[str, list[str]]:
+def _joined(pieces: list[Piece], done, req: LibreRequest) -> tuple[str, list[str]]:
     """One text put back together: its best translation, and each alternative (the i-th alternative of every piece
     in the places of the pieces; a piece with fewer alternatives keeps its best)."""
     versions = [[] for _ in range(req.alternatives + 1)]
