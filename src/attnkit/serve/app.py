@@ -1,5 +1,6 @@
 """An HTTP translation service: `POST /translate` in, translations with scores out; `GET /` the attention explorer,
-which asks `POST /explore` for a sentence's hypotheses and their attention; LibreTranslate's API under
+which asks `POST /explore` for a sentence's hypotheses and their attention; `POST /translate/document` a whole text
+a sentence at a time, streamed on request (documents.py); LibreTranslate's API under
 `/libretranslate/` for its clients (libretranslate.py). (Language models: lm_app.py.)
 
 Requests are checked against the server's caps (`Limits`) and their text validated before they join a
@@ -37,7 +38,7 @@ from attnkit.decode.memory import gigabytes
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.runtime import available_memory
-from attnkit.serve import libretranslate
+from attnkit.serve import documents, libretranslate
 from attnkit.serve.batcher import Batcher
 from attnkit.serve.schema import (
     ErrorOut,
@@ -139,6 +140,7 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
         return explorer_data(items, title=f"attnkit: {model_kind}", model=model_kind, task="translation")
 
     languages = languages or {}
+    documents.install(app, queued, caps, languages.get("src"), errors)
     libretranslate.install(app, queued, caps, languages, [languages["tgt"]] if languages.get("tgt") else [])
     return app
 

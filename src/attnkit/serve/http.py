@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import re
@@ -142,6 +143,11 @@ def _validation_message(err: dict) -> tuple[int, str]:
     if loc and err.get("type") == "extra_forbidden":
         return 422, f"unknown field '{'.'.join(loc)}'"
     return 422, f"field '{'.'.join(loc)}': {msg}" if loc else msg
+
+
+def sse_event(name: str, payload: dict) -> str:
+    """One server-sent event: its name and a JSON payload."""
+    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 def check_input(text: str, field: str, max_chars: int) -> None:

@@ -18,7 +18,6 @@ largest request the caps allow could not be read within the memory budget.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -43,6 +42,7 @@ from attnkit.serve.http import (
     install_error_handlers,
     install_metrics,
     log,
+    sse_event,
 )
 from attnkit.serve.metrics import LMMetrics
 from attnkit.serve.schema import ErrorOut, ExploreRequest, GenerateRequest, Health, Limits, api_words
@@ -178,10 +178,6 @@ def _read(model: Any, vocab: Any, cfg: LMRunConfig, text: str) -> list:
     return lm_views(model, vocab, cfg, [lm_encode(vocab, text)])
 
 
-def _event(name: str, payload: dict) -> str:
-    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
 class _Sampling:
     """One /generate run, started by a caller that holds the gate: a worker thread draws the tokens and hands each
     one's text to the event loop, which sends it at once. The thread stops at the next token once the client has
@@ -234,7 +230,7 @@ class _Sampling:
         try:
             while True:
                 name, payload = await self.queue.get()
-                yield _event(name, payload)
+                yield sse_event(name, payload)
                 if name != "token":
                     break
         finally:
