@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from attnkit.cli.main import main
 from attnkit.data.sentences import sentence_pieces, sentences
 from attnkit.decode import Translator, translate_document
+from attnkit.decode.document import fitting_parts
 
 
 @given(st.lists(st.sampled_from([*"ab .!?\n。”“\t\r", "Dr.", "3.5"]), max_size=30).map("".join),
@@ -66,3 +67,17 @@ def test_translate_document_through_the_cli(tmp_path, checkpoint, translator, ca
     assert main(["translate", "--checkpoint", checkpoint, "--input", tmp_path / "doc.de", "--document", "--nbest",
                  "2", "--beam", "2"]) == 2
     assert "--document writes the translated document alone; --nbest needs a sentence a line" in capsys.readouterr().err
+
+
+def test_a_sentence_longer_than_the_model_reads_is_cut_at_clauses_not_truncated(checkpoint, recwarn):
+    short = Translator.from_checkpoint(checkpoint, "cpu")
+    sentence = "zweitausendvierundzwanzig, achthundertzweiundfünfzig; fünfhundertelf elf"
+    short.max_src_len = max(len(short.lang_tags.encode([p])[0]) for p in sentence.replace(";", ",").split(", ")) + 1
+    parts = fitting_parts(short, sentence)
+    assert parts == ["zweitausendvierundzwanzig,", "achthundertzweiundfünfzig;", "fünfhundertelf elf"]
+    assert all(len(short.lang_tags.encode([p])[0]) <= short.max_src_len for p in parts)
+    got = translate_document(short, f"{sentence}\nelf", lang="de")
+    alone = [t.text for t in short.translate([*parts, "elf"])]
+    assert got == f"{alone[0]} {alone[1]} {alone[2]}\n{alone[3]}"
+    assert translate_document(short, sentence, lang="de", tgt_lang="zh") == "".join(alone[:3])
+    assert not [w for w in recwarn if "truncated" in str(w.message)]

@@ -187,7 +187,8 @@ def cmd_translate(args, overrides: list[str]) -> None:
     if args.document:
         from attnkit.decode import translate_document
 
-        return write_output(args, translate_document(translator, "\n".join(lines), opts, lang=source_language(args),
+        src, tgt = document_languages(args)
+        return write_output(args, translate_document(translator, "\n".join(lines), opts, lang=src, tgt_lang=tgt,
                                                       batch_size=args.batch_size, max_tokens=args.max_tokens) + "\n")
     header = tsv_header(args) if args.format == "tsv" else ""
     if args.interactive:
@@ -218,13 +219,15 @@ def check_document_options(args, opts) -> None:
                            "a line (leave --document out)")
 
 
-def source_language(args) -> str | None:
-    """The source language whose sentence rules --document uses: the checkpoint's, as `attnkit prepare` recorded it."""
+def document_languages(args) -> tuple[str | None, str | None]:
+    """The languages whose rules --document uses (sentences, joining a cut sentence's parts): the checkpoint's, as
+    `attnkit prepare` recorded them."""
     from attnkit.checkpoint import checkpoint_languages
 
     if args.engine == "ctranslate2":
-        return None
-    return checkpoint_languages(args.checkpoint[0]).get("src")
+        return None, None
+    languages = checkpoint_languages(args.checkpoint[0])
+    return languages.get("src"), languages.get("tgt")
 
 
 def check_model(args) -> None:
