@@ -3,6 +3,8 @@ in order and then the same whole translation, and what is over a cap is refused 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from conftest import serve_extra  # noqa: E402
@@ -61,3 +63,22 @@ def test_what_is_over_a_cap_is_refused_in_one_line(url, translator, body, status
 def test_an_empty_document_stays_empty(url):
     response = httpx.post(f"{url}/translate/document", json={"text": " \n\n"}, timeout=60)
     assert response.json() == {"translation": " \n\n"}
+
+
+def test_streams_and_libretranslate_requests_at_once_do_not_mix(url, translator):
+    """Four clients at once on the two routes: each gets what it gets alone."""
+    texts = [TEXT, "elf. zwölf.", "fünfhundertelf", TEXT.replace("elf", "zwölf")]
+
+    def stream(text: str) -> str:
+        with httpx.stream("POST", f"{url}/translate/document", json={"text": text, "stream": True}, timeout=60) as r:
+            return events(r)[-1][1]["translation"]
+
+    def libre(text: str) -> str:
+        body = {"q": text, "source": "de", "target": "en"}
+        return httpx.post(f"{url}/libretranslate/translate", json=body, timeout=60).json()["translatedText"]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda job: job[0](job[1]), [(stream, texts[0]), (libre, texts[1]), (stream, texts[2]),
+                                                         (libre, texts[3])]))
+    alone = [translate_document(translator, t, DecodeOptions(max_len=256), lang="de") for t in texts]
+    assert got == alone
