@@ -80,6 +80,12 @@ def trained(tmp_path_factory, corpus_files):
 
 
 @pytest.fixture(scope="session")
+def trained_checkpoint(trained) -> Path:
+    """The last checkpoint of `trained`'s run."""
+    return trained[1] / "checkpoints" / "last.safetensors"
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, corpus_files) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(out, corpus_files["train"], corpus_files["valid"], corpus_files["test"], vocab_size=120)

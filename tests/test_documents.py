@@ -4,8 +4,6 @@ Python API, `attnkit translate --document` and LibreTranslate's route."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,13 +37,8 @@ def test_each_languages_sentence_rule(line, lang, expected):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(trained) -> Path:
-    return trained[1] / "checkpoints" / "last.safetensors"
-
-
-@pytest.fixture(scope="module")
-def translator(checkpoint) -> Translator:
-    return Translator.from_checkpoint(checkpoint, "cpu")
+def translator(trained_checkpoint) -> Translator:
+    return Translator.from_checkpoint(trained_checkpoint, "cpu")
 
 
 DOCUMENT = "zweitausendvierundzwanzig. achthundertzweiundfünfzig!\n\n  fünfhundertelf \nelf"
@@ -59,18 +52,18 @@ def test_a_document_is_its_sentences_translated_in_place(translator):
     assert translate_document(translator, " \n\n", lang="de") == " \n\n"
 
 
-def test_translate_document_through_the_cli(tmp_path, checkpoint, translator, capsys):
+def test_translate_document_through_the_cli(tmp_path, trained_checkpoint, translator, capsys):
     (tmp_path / "doc.de").write_text(DOCUMENT + "\n", encoding="utf-8")
-    assert main(["translate", "--checkpoint", checkpoint, "--input", tmp_path / "doc.de", "--output",
+    assert main(["translate", "--checkpoint", trained_checkpoint, "--input", tmp_path / "doc.de", "--output",
                  tmp_path / "doc.en", "--document"]) == 0
     assert (tmp_path / "doc.en").read_text(encoding="utf-8") == translate_document(translator, DOCUMENT) + "\n"
-    assert main(["translate", "--checkpoint", checkpoint, "--input", tmp_path / "doc.de", "--document", "--nbest",
-                 "2", "--beam", "2"]) == 2
+    assert main(["translate", "--checkpoint", trained_checkpoint, "--input", tmp_path / "doc.de", "--document",
+                 "--nbest", "2", "--beam", "2"]) == 2
     assert "--document writes the translated document alone; --nbest needs a sentence a line" in capsys.readouterr().err
 
 
-def test_a_sentence_longer_than_the_model_reads_is_cut_at_clauses_not_truncated(checkpoint, recwarn):
-    short = Translator.from_checkpoint(checkpoint, "cpu")
+def test_a_sentence_longer_than_the_model_reads_is_cut_at_clauses_not_truncated(trained_checkpoint, recwarn):
+    short = Translator.from_checkpoint(trained_checkpoint, "cpu")
     sentence = "zweitausendvierundzwanzig, achthundertzweiundfünfzig; fünfhundertelf elf"
     short.max_src_len = max(len(short.lang_tags.encode([p])[0]) for p in sentence.replace(";", ",").split(", ")) + 1
     parts = fitting_parts(short, sentence)

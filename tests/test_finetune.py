@@ -21,8 +21,8 @@ TINY = ["--train.device=cpu", "--train.dtype=float32", "--train.eval_bleu=false"
 
 
 @pytest.fixture(scope="module")
-def pretrained(trained):
-    return trained[1] / "checkpoints" / "last.safetensors"
+def pretrained(trained_checkpoint):
+    return trained_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ SENTENCES = ["zweitausendvierundzwanzig.", "achthundertzweiundfünfzig!", "fünf
 
 
 @pytest.fixture(scope="module")
-def translator(trained) -> FaultyTranslator:
-    return FaultyTranslator.from_checkpoint(trained[1] / "checkpoints" / "last.safetensors", "cpu")
+def translator(trained_checkpoint) -> FaultyTranslator:
+    return FaultyTranslator.from_checkpoint(trained_checkpoint, "cpu")
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ libretranslatepy = pytest.importorskip("libretranslatepy")
 
 
 @pytest.fixture(scope="module")
-def translator(trained) -> FaultyTranslator:
-    return FaultyTranslator.from_checkpoint(trained[1] / "checkpoints" / "last.safetensors", "cpu")
+def translator(trained_checkpoint) -> FaultyTranslator:
+    return FaultyTranslator.from_checkpoint(trained_checkpoint, "cpu")
 
 
 @pytest.fixture(scope="module")
