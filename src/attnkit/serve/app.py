@@ -69,9 +69,8 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
     """A FastAPI app serving `translator`; the batching worker lives as long as the app's lifespan.
 
     `limits` are the fields of `Limits` (max_request_sentences, max_chars, max_beam, max_output_tokens,
-    max_top_k); the memory budget per batch defaults to half the memory available at start. `languages`
-    ({"src": code, "tgt": code}, as checkpoints record them): the sentence rules of documents, and what
-    LibreTranslate's routes answer and check.
+    max_top_k); the memory budget per batch defaults to half the memory available at start. `languages` ({"src",
+    "tgt"} codes, as checkpoints record them): documents' sentence rules, what LibreTranslate's routes check.
     """
     caps = Limits(**limits)
     if max_batch_sentences < 1 or max_queue < 1 or batch_wait_ms < 0 or request_timeout_s <= 0:
