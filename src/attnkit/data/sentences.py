@@ -39,6 +39,12 @@ def sentence_pieces(text: str, lang: str | None = None) -> list[Piece]:
     return [p for p in pieces if p[0]]
 
 
+def put_back(pieces: list[Piece], translations: list[str]) -> str:
+    """The text of `pieces` with each piece to translate replaced by its translation, in order."""
+    done = iter(translations)
+    return "".join(next(done) if move else part for part, move in pieces)
+
+
 def sentences(line: str, lang: str | None = None) -> list[str]:
     """One line's sentences, with the spaces between them: they join back into `line`."""
     if lang in SPACELESS:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 
-from attnkit.data.sentences import SPACELESS, sentence_pieces
+from attnkit.data.sentences import SPACELESS, put_back, sentence_pieces
 from attnkit.decode.options import DecodeOptions
 from attnkit.decode.translator import Translator
 
 _CLAUSE_END = re.compile(r"[,;:，；：、]\s*")
+_MAX_PIECES_PER_CHAR = 5
 
 
 def translate_document(translator: Translator, text: str, options: DecodeOptions | None = None, *,
@@ -26,13 +27,16 @@ def translate_document(translator: Translator, text: str, options: DecodeOptions
     flat = [p for sentence in parts for p in sentence]
     done = iter(translator.translate(flat, options, **kw) if flat else [])
     joiner = "" if tgt_lang in SPACELESS else " "
-    translated = iter([joiner.join(next(done).text for _ in sentence) for sentence in parts])
-    return "".join(next(translated) if move else part for part, move in pieces)
+    return put_back(pieces, [joiner.join(next(done).text for _ in sentence) for sentence in parts])
 
 
 def fitting_parts(translator: Translator, sentence: str) -> list[str]:
-    """`sentence` alone where the model reads it whole, else its halves' parts (cut at `_cut`), stripped."""
-    if len(sentence) < 2 or len(translator.lang_tags.encode([sentence])[0]) <= translator.max_src_len:
+    """`sentence` alone where the model reads it whole, else its halves' parts (cut at `_cut`), stripped. A character
+    makes at most five pieces (a word-start piece and, where a tokenizer falls back to bytes, four UTF-8 bytes), and a
+    target tag one more, so a sentence of up to (max_src_len - 1) / 5 characters fits without being encoded here."""
+    if _MAX_PIECES_PER_CHAR * len(sentence) + 1 <= translator.max_src_len or len(sentence) < 2:
+        return [sentence]
+    if len(translator.lang_tags.encode([sentence])[0]) <= translator.max_src_len:
         return [sentence]
     at = _cut(sentence)
     return [p for half in (sentence[:at], sentence[at:]) if half.strip()

@@ -19,9 +19,9 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from attnkit.data.sentences import Piece, sentence_pieces
+from attnkit.data.sentences import Piece, put_back, sentence_pieces
 from attnkit.decode.options import DecodeOptions
-from attnkit.serve.http import ApiError, check_input, sse_event
+from attnkit.serve.http import ApiError, check_sentences, sse_event
 from attnkit.serve.libretranslate import Queue
 from attnkit.serve.schema import Limits
 
@@ -48,16 +48,8 @@ def checked_sentences(req: DocumentRequest, caps: Limits, lang: str | None) -> t
     """The text's pieces and its sentences, or ApiError 413 / 422 before any of them is queued."""
     pieces = sentence_pieces(req.text, lang)
     sources = [part for part, move in pieces if move]
-    if len(sources) > caps.max_request_sentences:
-        raise ApiError(413, f"field 'text' holds {len(sources)} sentences; the limit is {caps.max_request_sentences}")
-    for sentence in sources:
-        check_input(sentence, "text", caps.max_chars)
+    check_sentences(sources, "text", caps.max_request_sentences, caps.max_chars)
     return pieces, sources
-
-
-def joined(pieces: list[Piece], texts: list[str]) -> str:
-    done = iter(texts)
-    return "".join(next(done) if move else part for part, move in pieces)
 
 
 def install(app: FastAPI, queue: Queue, caps: Limits, lang: str | None, errors: dict) -> None:
@@ -70,7 +62,7 @@ def install(app: FastAPI, queue: Queue, caps: Limits, lang: str | None, errors: 
         pieces, sources = checked_sentences(req, caps, lang)
         if not req.stream:
             results = await queue(sources, options, False) if sources else []
-            return {"translation": joined(pieces, [t.text for t in results])}
+            return {"translation": put_back(pieces, [t.text for t in results])}
         jobs = [asyncio.ensure_future(queue([s], options, False)) for s in sources]
         return StreamingResponse(_events(pieces, sources, jobs), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -86,7 +78,7 @@ async def _events(pieces: list[Piece], sources: list[str], jobs: list[asyncio.Fu
                 yield sse_event("error", {"error": str(e), "status": e.status})
                 return
             yield sse_event("sentence", {"index": i, "source": sources[i], "text": texts[-1]})
-        yield sse_event("done", {"translation": joined(pieces, texts)})
+        yield sse_event("done", {"translation": put_back(pieces, texts)})
     finally:  # the client went away or a sentence failed: the rest are not translated
         for job in jobs:
             if not job.cancel() and not job.cancelled():

@@ -150,6 +150,15 @@ def sse_event(name: str, payload: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+def check_sentences(sentences: list[str], field: str, max_sentences: int, max_chars: int) -> None:
+    """ApiError 413 for more sentences than the cap in one field (a text split into its sentences), else each one's
+    check_input."""
+    if len(sentences) > max_sentences:
+        raise ApiError(413, f"field '{field}' holds {len(sentences)} sentences; the limit is {max_sentences}")
+    for sentence in sentences:
+        check_input(sentence, field, max_chars)
+
+
 def check_input(text: str, field: str, max_chars: int) -> None:
     """ApiError 413 for a text over the cap, 422 for one the tokenizer cannot take."""
     if len(text) > max_chars:

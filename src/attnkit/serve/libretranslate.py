@@ -27,9 +27,9 @@ from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 
-from attnkit.data.sentences import Piece, sentence_pieces
+from attnkit.data.sentences import Piece, put_back, sentence_pieces
 from attnkit.decode.options import DecodeOptions, Translation
-from attnkit.serve.http import ApiError, check_input
+from attnkit.serve.http import ApiError, check_sentences
 from attnkit.serve.schema import Limits
 
 PREFIX = "/libretranslate"
@@ -121,17 +121,14 @@ async def translate_texts(req: LibreRequest, queue: Queue, caps: Limits) -> dict
     """The texts translated piece by piece (split_text) in one queued batch -> LibreTranslate's answer."""
     split = [split_text(t, req.html, req.lang) for t in req.texts]
     sentences = [html.unescape(p) if req.html else p for pieces in split for p, move in pieces if move]
-    if len(sentences) > caps.max_request_sentences:
-        raise ApiError(413, f"{len(sentences)} sentences in one request; the limit is {caps.max_request_sentences}")
-    for s in sentences:
-        check_input(s, "q", caps.max_chars)
+    check_sentences(sentences, "q", caps.max_request_sentences, caps.max_chars)
     if req.alternatives + 1 > caps.max_beam:
         raise ApiError(400, f"Invalid request: alternatives {req.alternatives} is over this server's limit of "
                             f"{caps.max_beam - 1}")
     options = DecodeOptions(beam=max(DecodeOptions().beam, req.alternatives + 1), nbest=req.alternatives + 1,
                             max_len=caps.max_output_tokens)
     done = iter(await queue(sentences, options, False) if sentences else [])
-    outputs = [_joined(pieces, done, req) for pieces in split]
+    outputs = [_versions(pieces, [next(done) for _, move in pieces if move], req) for pieces in split]
     texts = [best for best, _ in outputs]
     answer: dict = {"translatedText": texts if req.is_list else texts[0]}
     if req.alternatives:
@@ -140,21 +137,15 @@ async def translate_texts(req: LibreRequest, queue: Queue, caps: Limits) -> dict
     return answer
 
 
-def _joined(pieces: list[Piece], done, req: LibreRequest) -> tuple[str, list[str]]:
+def _versions(pieces: list[Piece], done: list[Translation], req: LibreRequest) -> tuple[str, list[str]]:
     """One text put back together: its best translation, and each alternative (the i-th alternative of every piece
     in the places of the pieces; a piece with fewer alternatives keeps its best)."""
-    versions = [[] for _ in range(req.alternatives + 1)]
-    for part, move in pieces:
-        if not move:
-            for v in versions:
-                v.append(part)
-            continue
-        t = next(done)
+    def text(t: Translation, i: int) -> str:
         options = [t.text, *(n.text for n in t.nbest)]
-        for i, v in enumerate(versions):
-            text = options[i] if i < len(options) else t.text
-            v.append(html.escape(text, quote=False) if req.html else text)
-    best, *alternatives = ("".join(v) for v in versions)
+        chosen = options[i] if i < len(options) else t.text
+        return html.escape(chosen, quote=False) if req.html else chosen
+
+    best, *alternatives = (put_back(pieces, [text(t, i) for t in done]) for i in range(req.alternatives + 1))
     return best, alternatives
 
 
