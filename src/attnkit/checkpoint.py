@@ -1,7 +1,8 @@
 """Checkpoints: one safetensors file, no pickle.
 
-Tensors: `model.*` weights, `optim.<param index>.<name>` optimizer state, `tokenizer.src|tgt` (the
-sentencepiece models as bytes, so a checkpoint translates on its own) and `rng.torch` (`rng.cuda`). Metadata (JSON
+Tensors: `model.*` weights (in a LoRA run's full checkpoints its adapters beside the frozen weights, which
+`load_checkpoint` merges unless asked for them), `optim.<param index>.<name>` optimizer state, `tokenizer.src|tgt`
+(the sentencepiece models as bytes, so a checkpoint translates on its own) and `rng.torch` (`rng.cuda`). Metadata (JSON
 strings): format version, model kind, the run config, the training position, optimizer hyper-parameters and the
 languages (`{"src": "zh", "tgt": "en"}`, as `attnkit prepare` recorded them; absent in older checkpoints).
 Written to a temp file and renamed, so a kill leaves the previous checkpoint whole.
@@ -38,6 +39,7 @@ from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import CheckpointError
 from attnkit.io import atomic_path, trust_pickle
 from attnkit.models import build_model
+from attnkit.nn.lora import merge_state_dict
 
 FORMAT = "attnkit-checkpoint"
 VERSION = 1
@@ -137,7 +139,10 @@ def check_checkpoint(path: str | Path) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
+def load_checkpoint(path: str | Path, *, adapters: bool = False) -> Checkpoint:
+    """The checkpoint at `path`. A LoRA run's full checkpoints (`last`, `prev`) hold its adapters beside the frozen
+    weights (attnkit.nn.lora), which only its resume asks for (`adapters`); every other reader gets the plain model,
+    each weight merged, so translate, export and ensembles take them as any other (tests/test_lora.py)."""
     path = check_checkpoint(path)
     data = path.read_bytes()
     if _is_pickle(data):
@@ -152,10 +157,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config = cfgmod.from_dict(cfgmod.family(kind).run, cfgmod.upgrade(json.loads(meta["config"])))
     except (cfgmod.ConfigError, json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"{path}: its config cannot be read by this attnkit ({e})") from None
+    model_state = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
     return Checkpoint(
         kind=kind,
         config=config,
-        model_state={k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
+        model_state=model_state if adapters else _merged(model_state, config),
         tokenizers={k[10:]: v.numpy().tobytes() for k, v in tensors.items() if k.startswith("tokenizer.")},
         train_state=json.loads(meta.get("train_state", "{}")),
         optimizer_state=_unflatten_optimizer(tensors, json.loads(meta["optimizer"])) if "optimizer" in meta else None,
@@ -163,6 +169,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         cuda_rng_state=tensors.get("rng.cuda"),
         languages=_languages(meta, path),
     )
+
+
+def _merged(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """A state dict with its LoRA adapters merged, W + (alpha / r) B A (attnkit.nn.lora); others as they are."""
+    rank = getattr(config.train, "lora_r", 0)  # a language model's run has no LoRA keys
+    return merge_state_dict(state, config.train.lora_alpha / rank) if rank else state
 
 
 def _languages(meta: dict[str, str], path: Path) -> dict[str, str | None]:

@@ -37,6 +37,7 @@ from attnkit.cpu import TrainingScope, emulated_bf16, release_kept_memory, train
 from attnkit.errors import AttnkitError, CheckpointError
 from attnkit.io import atomic_write_text, ensure_free_space, ensure_writable_dir
 from attnkit.models import build_model
+from attnkit.nn.lora import merged_state
 from attnkit.runtime import resolve_device, seed_everything
 from attnkit.train.distributed import Distributed
 from attnkit.train.finetune import freeze
@@ -154,6 +155,7 @@ class TrainerBase:
         t = self.cfg.train
         seed_everything(t.seed)
         self.model = build_model(self.cfg.model.kind, self.cfg.model).to(self.device)
+        self.adapt()
         freeze(self.model, t.freeze)
         if t.compile:  # in place: the state dict keeps its names; new shapes recompile (dynamic after the first)
             self.model.compile(backend=t.compile_backend)
@@ -167,6 +169,10 @@ class TrainerBase:
         if self.dist.is_main:  # last + prev with Adam's two moments, best and the kept epochs as weights only
             ensure_free_space(self.run_dir, 2 * 3 * weights + (1 + getattr(t, "keep_epochs", 0)) * weights,
                               "this run's checkpoints")
+
+    def adapt(self) -> None:
+        """What the model gets before its optimizer sees its parameters: a fine-tuning run's starting weights and its
+        LoRA adapters (Trainer). Nothing here."""
 
     def seed_rank(self, step: int) -> None:
         """Ranks other than 0 draw their own dropout masks (DDP has made the weights equal)."""
@@ -238,7 +244,7 @@ class TrainerBase:
             if not path.exists():
                 continue
             try:
-                ckpt = load_checkpoint(path)
+                ckpt = load_checkpoint(path, adapters=True)  # a LoRA run's adapters as they are
             except CheckpointError as e:
                 notes.append(f"warning: {e}; trying the checkpoint before it")
                 continue
@@ -265,12 +271,16 @@ class TrainerBase:
     def save(self, path: Path, *, full: bool = True) -> None:
         """Weights, config and vocabularies; with `full`, also optimizer, RNG and training position.
 
+        A LoRA run's weights-only checkpoints (best, the epochs') hold the plain model, each adapter merged into its
+        weight (attnkit.nn.lora.merged_state), which every verb takes; its full ones hold the adapters apart beside
+        the frozen weights, which the optimizer state refers to and the resume loads as they are.
         Rank 0 writes; the other ranks hold the same weights and optimizer state."""
         if not self.dist.is_main:
             return
         cuda = full and self.device.type == "cuda"
         save_checkpoint(path, Checkpoint(
-            kind=self.model.kind, config=self.cfg, model_state=self.model.state_dict(),
+            kind=self.model.kind, config=self.cfg,
+            model_state=self.model.state_dict() if full else merged_state(self.model),
             tokenizers=self.tokenizer_blobs(), train_state=asdict(self.state),
             optimizer_state=self.optimizer.state_dict() if full else None,
             rng_state=torch.get_rng_state() if full else None,

@@ -5,10 +5,12 @@ model exactly: its config is the checkpoint's model section (only the dropout ra
 training, not what the weights compute), its data must be encoded with the checkpoint's own tokenizers (`attnkit
 prepare --tokenizer-from CHECKPOINT`), so every id means what the model learnt, and it starts with a fresh optimizer
 under the `finetune` preset's schedule unless another is named; `train.freeze` keeps parts of it as they are (the
-embeddings, the encoder), which the optimizer then never sees. The run's config records the checkpoint
-(`train.init_from`); a resume continues from the run's own checkpoints. tests/test_finetune.py checks that the model
-starts with the checkpoint's dev loss, that a mismatch of tokenizers or architecture is refused, and that a
-fine-tuning run resumes exactly.
+embeddings, the encoder), which the optimizer then never sees. `train.lora_r` trains LoRA adapters alone, every
+weight frozen (attnkit.nn.lora; Trainer.adapt attaches them); the run's weights-only checkpoints (best) hold them
+merged, a plain model. The run's config records the checkpoint (`train.init_from`); a resume continues from the
+run's own checkpoints. tests/test_finetune.py checks that the model starts with the checkpoint's dev loss, that a
+mismatch of tokenizers or architecture is refused, and that a fine-tuning run resumes exactly; tests/test_lora.py
+the same of a LoRA run, and that its checkpoints translate, export and run int8.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def fine_tuning_config(path: str | Path, presets: list[str], overrides: list[str
     ckpt = load_checkpoint(path)
     if cfgmod.family(ckpt.kind).task != "seq2seq":
         raise AttnkitError(f"{path} holds a '{ckpt.kind}' language model: --init-from takes a translation model")
-    base = {"model": cfgmod.to_dict(ckpt.config.model)}
+    base = {"model": cfgmod.to_dict(ckpt.config.model), "train": {"init_from": str(path)}}  # LoRA's keys need it
     cfg = cfgmod.resolve(presets, overrides, base=base)
     own, asked = cfgmod.to_dict(ckpt.config.model), cfgmod.to_dict(cfg.model)
     changed = [f"model.{k} {own[k]} -> {asked.get(k)}" for k in own if k not in DROPOUTS and asked.get(k) != own[k]]

@@ -35,6 +35,7 @@ from attnkit.data.dataset import data_languages
 from attnkit.decode.translator import Translator
 from attnkit.eval import TokenizerChoice, bleu_tokenizer, translate_and_score
 from attnkit.models.seq2seq import Seq2Seq
+from attnkit.nn.lora import add_lora, merged
 from attnkit.runtime import autocast
 from attnkit.train.base import TrainerBase
 from attnkit.train.distributed import TrainingForward
@@ -86,10 +87,8 @@ class Trainer(TrainerBase):
         self.languages = data_languages(self.data_dir)
         self._bleu_tokenizer: TokenizerChoice | None = None  # chosen at the first dev BLEU, kept for the run
         self.cfg = cfg if cfg.train.init_from else self._fit_config_to_data(cfg)  # fine-tuning: the model's own
+        self.resuming = resume
         self.build()
-        if cfg.train.init_from and not resume:
-            ckpt = initial_checkpoint(cfg.train.init_from, self.tokenizer_blobs(), self.data_dir)
-            load_weights(self.model, ckpt, cfg.train.init_from)
         # DDP needs the training objective as a module's forward; the lambda finds training_losses at call time
         self.train_model = self.dist.wrap(TrainingForward(self.model, lambda m, b: training_losses(
             m, b, self.cfg.train.label_smoothing, self.cpu.row_multiple)))
@@ -100,6 +99,22 @@ class Trainer(TrainerBase):
         self.start(resume)
         if not self.state.step and self.dist.is_main:  # --force: an earlier run's segmentations, maybe of other ids
             shutil.rmtree(self.run_dir / "subwords", ignore_errors=True)
+
+    def adapt(self) -> None:
+        """A fine-tuning run starts from its checkpoint's weights (a resume: from its own, `restore`), and with
+        train.lora_r trains LoRA adapters only (attnkit.nn.lora): they come before the optimizer, which then
+        holds them alone, and before a resume loads the state that holds them."""
+        t = self.cfg.train
+        if t.init_from and not self.resuming:
+            load_weights(self.model, initial_checkpoint(t.init_from, self.tokenizer_blobs(), self.data_dir),
+                         t.init_from)
+        if t.lora_r:
+            add_lora(self.model, t.lora_r, t.lora_alpha, t.lora_targets)
+
+    def inference_model(self) -> Seq2Seq:
+        """The model the dev translations run: with LoRA, a merged copy (attnkit.nn.lora.merged), the plain model
+        best.safetensors will hold, which the inference kernels (attnkit.cpu.for_inference) take as any other."""
+        return merged(self.model) if self.cfg.train.lora_r else self.model
 
     def _sampler(self, split: EncodedSplit) -> TokenBatchSampler:
         t = self.cfg.train
@@ -227,7 +242,7 @@ class Trainer(TrainerBase):
         first = self._bleu_tokenizer is None
         if first:
             self._bleu_tokenizer = bleu_tokenizer(ref, lang=self.languages["tgt"])
-        translator = Translator(self.model, self.src_tok, self.tgt_tok, device=self.device,
+        translator = Translator(self.inference_model(), self.src_tok, self.tgt_tok, device=self.device,
                                 max_len_a=t.max_len_a, max_len_b=t.max_len_b)
         _, s = translate_and_score(translator, src, ref, tokenizer=self._bleu_tokenizer)
         if first:
@@ -248,8 +263,10 @@ class Trainer(TrainerBase):
         """Train until max_epochs, max_steps or the wall-clock budget; returns the last dev metrics."""
         t = self.cfg.train
         n_params = sum(p.numel() for p in self.model.parameters())
+        n_trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # train.freeze, LoRA
+        trained = "" if n_trained == n_params else f" ({n_trained:,} of them trained)"
         self.log.say(f"{'resuming' if self.state.step else 'starting'} at step {self.state.step}, epoch "
-                     f"{self.state.epoch}; {n_params:,} parameters on {self.device}; budget "
+                     f"{self.state.epoch}; {n_params:,} parameters{trained} on {self.device}; budget "
                      f"{t.max_minutes or 'none'} min")
         clock = time.monotonic() - self.state.elapsed_s  # elapsed_s = monotonic() - clock
         last_save, eval_reserve, metrics = time.monotonic(), 0.0, {}
@@ -311,7 +328,7 @@ class Trainer(TrainerBase):
 
         t = self.cfg.train
         try:
-            translator = Translator(self.model, self.src_tok, self.tgt_tok, device=self.device,
+            translator = Translator(self.inference_model(), self.src_tok, self.tgt_tok, device=self.device,
                                     max_len_a=t.max_len_a, max_len_b=t.max_len_b)
             fig = dev_attention_figure(translator, self.data_dir)
             if fig is not None:
