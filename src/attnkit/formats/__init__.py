@@ -5,6 +5,9 @@
 - Transformer-XL language models of the reference code, NVIDIA's and Hugging Face's: imported
   (`attnkit.formats.transformer_xl`).
 - fairseq's Transformer translation models: imported (`attnkit.formats.fairseq`).
+- Marian's own model files (`.npz`, and the `.bin` of `marian-conv` with its intgemm8 weights, as the Bergamot models
+  ship) read as tensors with their model.yml (`attnkit.formats.marian_native`), and Marian's binary lexical
+  shortlists (`attnkit.formats.marian_shortlist`).
 - CTranslate2: an attnkit Transformer exported as a CTranslate2 model (`attnkit.formats.ctranslate2`) and
   translated with as `attnkit.decode.Translator` does (`CT2Translator`, `attnkit.formats.ct2_translator`).
 
