@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attnkit.data.glossary import Glossary
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.viz.attention import load_views, translation_views
 from browser import Explorer, chromium, missing, served
@@ -164,3 +165,15 @@ def test_vanilla_lm_and_rnn_soft_and_hard_attention(driver, family_checkpoints, 
             assert set(np.unique(heat)) <= {0.0, 1.0}
             page.select("kind", "scores")
             assert np.array_equal(np.asarray(page.heatmap()).argmax(1), heat.argmax(1))
+
+
+def test_the_glossary_view_says_which_terms_each_hypothesis_uses(driver, family_checkpoints):
+    ckpt = family_checkpoints["transformer"]
+    translator = Translator.from_checkpoint(ckpt, device="cpu")
+    glossary = Glossary.from_pairs([(SENTENCE, "three hundred")])
+    (hyps,) = translation_views(translator, [SENTENCE], DecodeOptions(beam=3), glossary=glossary)
+    with served(ckpt) as url:
+        page = Explorer(driver, url)
+        page.ask(SENTENCE, beam=3, glossary=f"{SENTENCE} = three hundred")
+        assert page.el("output").text == hyps[0].output and "three hundred" in hyps[0].output
+        assert page.el("terms").text == f"glossary: {SENTENCE} \u2192 three hundred \u2713"

@@ -12,6 +12,7 @@ from conftest import serve_extra  # noqa: E402
 
 httpx = serve_extra()
 
+from attnkit.data.glossary import Glossary  # noqa: E402
 from attnkit.serve import create_app  # noqa: E402
 from serving import BOOM, FaultyTranslator, free_port, running  # noqa: E402
 
@@ -100,6 +101,12 @@ def test_single_text_beam_nbest_alignment_and_sampling(url, translator, sources)
     ({"text": "eins", "sampling": True, "top_p": 0}, 422, "top_p"),
     (b'{"text": "eins", "len_penalty": NaN}', 422, "'len_penalty'"),
     ({"text": BOOM}, 500, "simulated failure"),
+    ({"text": "eins", "glossary": [["eins"]]}, 422, "'glossary.0': give [source term, target term]"),
+    ({"text": "eins", "glossary": [["eins", "one"], ["zwei", 2]]}, 422, "'glossary.1.1'"),
+    ({"text": "eins", "glossary": [["eins", "x" * 61]]}, 422, "'glossary.0': a term of 61 characters"),
+    ({"text": "eins", "glossary": [["eins", " "]]}, 422, "glossary[0]: an empty target term"),
+    ({"text": "eins", "glossary": [["eins", "one"]], "sampling": True}, 422, "not with sampling"),
+    ({"text": "eins", "glossary": [["a", "b"]] * 1001}, 422, "'glossary'"),
 ])
 def test_bad_requests_get_one_line_json_errors(url, body, status, words):
     kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {}
@@ -107,6 +114,23 @@ def test_bad_requests_get_one_line_json_errors(url, body, status, words):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert words in error and "\n" not in error, error
+
+
+def test_glossary_requests_answer_as_the_translator_does(url, translator, sources):
+    glossary = [[sources[0], "seventy-one"], [sources[1], "ninety nine"]]
+    r = post(url, {"texts": sources[:3], "beam": 3, "glossary": glossary})
+    assert r.status_code == 200, r.text
+    got = r.json()["translations"]
+    direct = translator.translate(sources[:3], beam=3, glossary=Glossary.from_pairs(glossary))
+    assert [t["text"] for t in got] == [t.text for t in direct]
+    assert "seventy-one" in got[0]["text"] and got[0]["terms"][0] == {
+        "source": sources[0], "target": "seventy-one", "placed": True, "note": ""}
+    assert post(url, {"text": sources[0]}).json()["translations"][0]["terms"] is None  # no glossary: no field
+    r = httpx.post(f"{url}/explore", json={"text": sources[0], "glossary": glossary[:1]}, timeout=30)
+    assert r.json()["items"][0]["hypotheses"][0]["terms"][0]["placed"] is True
+    r = httpx.post(f"{url}/translate/document", json={"text": f"{sources[1]}. {sources[2]}", "glossary": glossary},
+                   timeout=30)
+    assert "ninety nine" in r.json()["translation"]
 
 
 def test_service_survives_bad_requests(url, sources):

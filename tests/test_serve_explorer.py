@@ -75,8 +75,10 @@ def test_lm_explore_is_the_models_self_attention_over_memory_and_segment(lm_url,
     kinds = r.json()["items"][0]["hypotheses"][0]["kinds"]
     assert kinds["self"]["boundary"] == view.boundary["self"] and kinds["self"]["keys"] == view.keys["self"]
     np.testing.assert_allclose(np.asarray(kinds["self"]["layers"]), np.stack(view.maps["self"]), atol=1e-4)
-    r = httpx.post(lm_url + "/explore", json={"text": "a", "beam": 2}, timeout=30)
-    assert r.status_code == 422 and "beam and nbest are for translation" in r.json()["error"]
+    for asked in ({"beam": 2}, {"glossary": [["a", "b"]]}):
+        r = httpx.post(lm_url + "/explore", json={"text": "a", **asked}, timeout=30)
+        assert r.status_code == 422 and f"field '{next(iter(asked))}'" in r.json()["error"]
+        assert "beam, nbest and glossary are for translation" in r.json()["error"]
 
 
 def test_translation_explore_returns_each_hypothesis_with_its_attention(mt_url, family_checkpoints):

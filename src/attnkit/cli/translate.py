@@ -45,6 +45,12 @@ def add_parsers(sub) -> dict[str, Callable]:
     tr.add_argument("--alignment-layer", type=int, default=0, metavar="N",
                     help="decoder layer for --print-alignment, counted from 1 (default: the last)")
     tr.add_argument("--prefix-file", help="force each output to start with this file's line")
+    tr.add_argument("--glossary", metavar="TSV",
+                    help="source term<TAB>target term per line: where a source holds a source term (whole words, "
+                         "case ignored; anywhere in Chinese or Japanese), its translation uses the target term "
+                         "(constrained beam search, beam at least 5); a term that cannot be placed is reported")
+    tr.add_argument("--glossary-inflected", action="store_true",
+                    help="a glossary term's words also match with up to three more letters (dog: dogs)")
     add_target_tag_option(tr)
     add_decode_options(tr)
     tr.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
@@ -173,6 +179,7 @@ def cmd_translate(args, overrides: list[str]) -> None:
             raise AttnkitError(f"--prefix-file has {len(prefixes)} lines but the input has {len(lines)}")
     opts = decode_options(args)
     check_document_options(args, opts)
+    glossary = read_glossary(args)
     translator = load_translator(args)
     layers = translator.attention_layers
     if args.alignment_layer > layers:
@@ -181,7 +188,7 @@ def cmd_translate(args, overrides: list[str]) -> None:
     def render(batch: list[str], first: int = 0, prefixes: list[str] | None = None) -> str:
         results = translator.translate(batch, opts, prefixes=prefixes, batch_size=args.batch_size,
                                        max_tokens=args.max_tokens, need_attention=args.print_alignment,
-                                       number_from=first + 1)  # warnings name the input's line
+                                       number_from=first + 1, glossary=glossary)  # warnings name the input's line
         return "".join(format_translation(first + i, t, args) for i, t in enumerate(results))
 
     if args.document:
@@ -189,7 +196,8 @@ def cmd_translate(args, overrides: list[str]) -> None:
 
         src, tgt = document_languages(args)
         return write_output(args, translate_document(translator, "\n".join(lines), opts, lang=src, tgt_lang=tgt,
-                                                      batch_size=args.batch_size, max_tokens=args.max_tokens) + "\n")
+                                                      batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                                      glossary=glossary) + "\n")
     header = tsv_header(args) if args.format == "tsv" else ""
     if args.interactive:
         sys.stdout.write(header)
@@ -217,6 +225,17 @@ def check_document_options(args, opts) -> None:
     if clashes:
         raise AttnkitError(f"--document writes the translated document alone; {', '.join(clashes)} needs a sentence "
                            "a line (leave --document out)")
+
+
+def read_glossary(args):
+    """--glossary's entries (None without one); attnkit's own search places them."""
+    if not args.glossary:
+        return None
+    if args.engine == "ctranslate2":
+        raise AttnkitError("--glossary runs with --engine attnkit (constrained beam search), not with CTranslate2")
+    from attnkit.data.glossary import Glossary
+
+    return Glossary.read(args.glossary, inflected=args.glossary_inflected)
 
 
 def document_languages(args) -> tuple[str | None, str | None]:

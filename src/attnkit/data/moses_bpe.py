@@ -114,6 +114,9 @@ class MosesBPETokenizer:
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.names[int(i)] for i in ids]
 
+    def piece_id(self, piece: str) -> int:
+        return self._index.get(piece, UNK_ID)
+
     def to_bytes(self) -> bytes:
         fields = {"codes": self.codes, "names": self.names, "lang": self.lang, "escape": self.escape,
                   "dash_splits": self.dash_splits, "separator": self.separator}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,6 +19,12 @@ from attnkit.errors import DataError
 from attnkit.io import atomic_write_text
 
 T = TypeVar("T")
+
+# character classes of the scripts that decide a CJK text (Unicode blocks; compatibility and extension blocks too)
+HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+KANA = re.compile("[\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9d]")
+HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")
+UNSPACED = re.compile(f"{HAN.pattern}|{KANA.pattern}")  # Han and kana: scripts written without spaces between words
 
 
 def _read_bytes(path: Path) -> bytes:

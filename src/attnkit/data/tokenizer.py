@@ -222,6 +222,10 @@ class SubwordTokenizer:
         """Subword strings for plot labels, specials included so axes line up with the tensors."""
         return [self._sp.id_to_piece(int(i)) for i in ids]
 
+    def piece_id(self, piece: str) -> int:
+        """The id of a piece (UNK for a piece the model lacks)."""
+        return self._sp.piece_to_id(piece)
+
 
 def read_with(path: str | os.PathLike, from_bytes: Callable[[bytes], T]) -> T:
     """from_bytes of a file's bytes, a DataError naming the file."""

@@ -71,10 +71,10 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
         # rows stay in their blocks; after the first step every beam comes from its sentence's one row
         state = state.reorder(rows, within_sentences=True) if kk == k else state.expand(k)
         rules = rules.reorder(rows)
-        best_possible = _best_possible(beam_scores, t, rules.limits.view(a, k)[:, 0], len_penalty, len_style)
+        bounds = best_possible(beam_scores, t, rules.limits.view(a, k)[:, 0], len_penalty, len_style)
         # a sentence whose beams are all dead (-inf: its limit forced EOS, e.g. an empty source) has nothing to find
         running = torch.tensor([bound > float("-inf") and (len(finished[s]) < k or finished[s][-1].norm_score < bound)
-                                for s, bound in zip(sentences.tolist(), best_possible.tolist())], device=device)
+                                for s, bound in zip(sentences.tolist(), bounds.tolist())], device=device)
         if not running.any():
             break
         if not running.all():  # drop the rows of finished sentences
@@ -87,7 +87,7 @@ def beam_search(model, src: torch.Tensor, *, beam: int = 5, nbest: int = 1, max_
     return [f[:nbest] for f in finished]
 
 
-def _best_possible(beam_scores: torch.Tensor, t: int, limits: torch.Tensor, alpha: float, style: str) -> torch.Tensor:
+def best_possible(beam_scores: torch.Tensor, t: int, limits: torch.Tensor, alpha: float, style: str) -> torch.Tensor:
     """(A,) the best normalised score a running hypothesis of each sentence could still finish with.
 
     beam_scores (A, K) hold t + 1 tokens; finishing adds EOS and at most `limit` steps are taken. A

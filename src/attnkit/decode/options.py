@@ -53,6 +53,16 @@ class DecodeOptions:
             raise ConfigError("--lenpen, --temperature and --max-len-a must be finite numbers")
 
 
+@dataclass(frozen=True)
+class TermUse:
+    """A glossary term a source held, and whether its translation uses the target term (`note`: why not)."""
+
+    source: str
+    target: str
+    placed: bool
+    note: str = ""
+
+
 @dataclass
 class Translation:
     source: str
@@ -64,6 +74,7 @@ class Translation:
     norm_score: float = 0.0  # the score the search ranked by
     nbest: list[Translation] = field(default_factory=list)  # the other hypotheses, best first
     tokens: list[int] = field(default_factory=list)  # the output's ids, without BOS and EOS
+    terms: list[TermUse] = field(default_factory=list)  # the glossary terms the source held (translate(glossary=))
 
     @property
     def alignment(self) -> list[int]:
@@ -95,4 +106,4 @@ def usable_quantization(quantize: str | None, device: torch.device) -> str | Non
     return quantize
 
 
-__all__ = ["QUANTIZATIONS", "DecodeOptions", "Translation", "pad_nbest", "usable_quantization"]
+__all__ = ["QUANTIZATIONS", "DecodeOptions", "TermUse", "Translation", "pad_nbest", "usable_quantization"]

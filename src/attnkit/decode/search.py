@@ -46,6 +46,7 @@ class Hypothesis:
     score: float  # summed log-probability, EOS included when produced
     norm_score: float  # the score the search ranked by (after any length normalisation)
     attention: torch.Tensor | None = None  # (len(tokens) + 1, H, S) cross-attention of the chosen layer
+    unmet: tuple[int, ...] = ()  # the constraints a constrained search could not place (attnkit.decode.constrained)
 
 
 def max_lengths(src: torch.Tensor, a: float, b: int, cap: int = 0, prefix: torch.Tensor | None = None

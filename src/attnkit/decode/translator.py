@@ -18,10 +18,12 @@ from attnkit.checkpoint import check_same_tokenizers, load_checkpoint, model_fro
 from attnkit.config import TransformerConfig
 from attnkit.cpu import for_inference
 from attnkit.data.batching import collate
+from attnkit.data.glossary import Glossary
 from attnkit.data.target_tags import TargetTags
 from attnkit.data.text import check_unicode
 from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.decode.beam import beam_search
+from attnkit.decode.constrained import SentenceTerms, constrained_beam_search
 from attnkit.decode.ensemble import Ensemble
 from attnkit.decode.greedy import greedy_search, sample
 from attnkit.decode.memory import SearchShape, default_budget, plan_batches, search_bytes
@@ -30,6 +32,8 @@ from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
 from attnkit.errors import CheckpointError, ConfigError, DataError
 from attnkit.runtime import resolve_device
+
+GLOSSARY_BEAM = 5  # the least beam a sentence with glossary terms is searched with: the banks need room
 
 
 class Translator:
@@ -153,7 +157,7 @@ class Translator:
     def translate(self, sentences: list[str], options: DecodeOptions | None = None, *,
                   prefixes: list[str] | None = None, batch_size: int = 64, max_tokens: int = 0,
                   need_attention: bool = False, memory_budget: int | None = None, number_from: int = 1,
-                  **kw) -> list[Translation]:
+                  glossary: Glossary | None = None, **kw) -> list[Translation]:
         """Translate in length-sorted batches (less padding); results come back in input order.
 
         Options come as a DecodeOptions or as keywords (`beam=5, len_penalty=1.0`); `prefixes` force
@@ -161,11 +165,14 @@ class Translator:
         in `.nbest`. Batches hold at most `batch_size` sentences and, if set, `max_tokens` source tokens,
         and are cut further until each search fits in `memory_budget` bytes (default: half the memory
         available when the call starts); a sentence that cannot fit alone raises ConfigError. A truncation
-        warning numbers the sentences from `number_from` (1: the first of `sentences`).
+        warning numbers the sentences from `number_from` (1: the first of `sentences`). With a `glossary`, a
+        sentence that holds its source terms is searched alone by constrained beam search (beam at least
+        GLOSSARY_BEAM), and its `terms` say which target terms the output uses.
         """
         opts = options or DecodeOptions(**kw)
-        self._check_request(sentences, prefixes, opts, need_attention)
+        self._check_request(sentences, prefixes, opts, need_attention, glossary)
         src_ids = self.encode_sources(sentences, number_from)
+        terms = [SentenceTerms.of(glossary.terms_in(s), self.tgt_tok) if glossary else None for s in sentences]
         budget = default_budget(self.device) if memory_budget is None else memory_budget
         knob = ("--nbest", opts.nbest) if opts.sampling else ("--beam", opts.beam)
         results: list[Translation | None] = [None] * len(sentences)
@@ -173,15 +180,38 @@ class Translator:
                                 lambda n, src_len: self.search_bytes(n, src_len, opts, need_attention),
                                 batch_size=batch_size, max_tokens=max_tokens, budget=budget, knob=knob):
             batch = collate([(src_ids[i], np.zeros(0, dtype=np.int64)) for i in idx], idx).to(self.device)
-            nbests = self.search(batch.src, opts, prefix=self._prefix_batch(prefixes, idx),
-                                 need_attention=need_attention)
+            nbests = self._search_batch(batch.src, idx, opts, prefixes, need_attention, terms)
             for j, i in enumerate(idx):
                 n_src = int(batch.src[j].ne(0).sum())
                 src_pieces = self.src_tok.pieces(batch.src[j, :n_src].tolist())
-                hyps = [self._translation(sentences[i], src_pieces, h, n_src) for h in pad_nbest(nbests[j], opts.nbest)]
+                hyps = [self._translation(sentences[i], src_pieces, h, n_src, terms[i])
+                        for h in pad_nbest(nbests[j], opts.nbest)]
                 hyps[0].nbest = hyps[1:]
                 results[i] = hyps[0]
+        _warn_unplaced(results, number_from)
         return results  # type: ignore[return-value]
+
+    def _search_batch(self, src: torch.Tensor, idx: list[int], opts: DecodeOptions, prefixes: list[str] | None,
+                      need_attention: bool, terms: list[SentenceTerms | None]) -> list[list[Hypothesis]]:
+        """src (B, S): the sentences without glossary terms searched together, the others one at a time."""
+        alone = [j for j, i in enumerate(idx) if terms[i] is not None and terms[i].constraints]
+        together = [j for j in range(len(idx)) if j not in alone]
+        out: list[list[Hypothesis]] = [[] for _ in idx]
+        if together:
+            rows = src if not alone else src[together]
+            found = self.search(rows, opts, prefix=self._prefix_batch(prefixes, [idx[j] for j in together]),
+                                need_attention=need_attention)
+            for j, hyps in zip(together, found):
+                out[j] = hyps
+        a, b, cap = self.output_limit(opts)
+        for j in alone:
+            one = src[j : j + 1, : int(src[j].ne(0).sum())]  # (1, S) without padding
+            out[j] = constrained_beam_search(
+                self.fast, one, terms[idx[j]].constraints, beam=max(opts.beam, GLOSSARY_BEAM), nbest=opts.nbest,
+                max_len_a=a, max_len_b=b, max_len=cap, min_len=opts.min_len, len_penalty=opts.len_penalty,
+                len_style=opts.len_style, no_repeat_ngram=opts.no_repeat_ngram, need_attention=need_attention,
+                attention_layer=opts.attention_layer)
+        return out
 
     def search_bytes(self, sentences: int, src_len: int, opts: DecodeOptions, need_attention: bool = False) -> int:
         """An upper estimate of the memory one search over `sentences` sources of `src_len` tokens takes."""
@@ -192,9 +222,12 @@ class Translator:
         return one * (len(self.model) if isinstance(self.model, Ensemble) else 1)  # each member searches alike
 
     def _check_request(self, sentences: list[str], prefixes: list[str] | None, opts: DecodeOptions,
-                       need_attention: bool) -> None:
+                       need_attention: bool, glossary: Glossary | None) -> None:
         if prefixes is not None and len(prefixes) != len(sentences):
             raise DataError(f"{len(prefixes)} prefixes for {len(sentences)} sentences: give one per sentence")
+        if glossary is not None and (opts.sampling or prefixes is not None):
+            given = "sampling" if opts.sampling else "prefixes"
+            raise ConfigError(f"a glossary places its terms by beam search: not with {given}")
         layers = self.attention_layers
         if need_attention and not -layers <= opts.attention_layer < layers:
             raise ConfigError(f"--alignment-layer {opts.attention_layer}: the model has {layers} cross-attention "
@@ -205,11 +238,13 @@ class Translator:
         """Cross-attention maps per decoding step: one per Transformer decoder layer; RNNs have one."""
         return self.model.config.n_decoder_layers if isinstance(self.model.config, TransformerConfig) else 1
 
-    def _translation(self, source: str, src_pieces: list[str], h: Hypothesis, n_src: int) -> Translation:
+    def _translation(self, source: str, src_pieces: list[str], h: Hypothesis, n_src: int,
+                     terms: SentenceTerms | None = None) -> Translation:
         return Translation(source=source, text=self.tgt_tok.decode([h.tokens])[0], score=h.score,
                            src_pieces=src_pieces, tgt_pieces=self.tgt_tok.pieces(h.tokens),
                            attention=None if h.attention is None else h.attention[..., :n_src],
-                           norm_score=h.norm_score, tokens=list(h.tokens))
+                           norm_score=h.norm_score, tokens=list(h.tokens),
+                           terms=[] if terms is None else terms.uses(h.unmet))
 
     def translate_texts(self, sentences: list[str], **kw) -> list[str]:
         return [t.text for t in self.translate(sentences, **kw)]
@@ -227,6 +262,15 @@ class Translator:
             batch = collate([(src_ids[i], tgt_ids[i]) for i in idx], idx).to(self.device)
             out += score_targets(self.fast, batch.src, batch.tgt_in, batch.tgt_out).tolist()
         return out
+
+
+def _warn_unplaced(results: list[Translation], number_from: int) -> None:
+    """A glossary term the best translation does not use is said, never dropped silently."""
+    for i, t in enumerate(results, start=number_from):
+        for use in t.terms:
+            if not use.placed:
+                warnings.warn(f"input {i}: the glossary term {use.source!r} -> {use.target!r} is not in the "
+                              f"translation ({use.note})", stacklevel=3)
 
 
 def translation_checkpoint(path: str | Path):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from attnkit.data.text import HAN, HANGUL, KANA
 from attnkit.data.tokenizer import LANGUAGE_NAMES, language_of
 from attnkit.errors import ConfigError, DataError
 
@@ -28,12 +29,7 @@ from attnkit.errors import ConfigError, DataError
 TOKENIZERS = ("13a", "zh", "ja-mecab", "ko-mecab", "char", "intl", "none")
 DEFAULT_TOKENIZER = "13a"
 
-# character classes of the scripts that decide a CJK target (Unicode blocks; compatibility and extension blocks too)
-_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
-_KANA = re.compile("[\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9d]")
-_HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7af]")
 _WORD = re.compile(r"[^\W\d_]+")  # a run of letters
-UNSPACED = re.compile(f"{_HAN.pattern}|{_KANA.pattern}")  # Han and kana: scripts written without spaces between words
 
 # what a reference of each language is written in, as the reasons and warnings name it (None: no CJK language)
 _SCRIPTS = {"zh": "Han script", "ja": "kana (Japanese)", "ko": "Hangul", None: "other scripts than CJK"}
@@ -59,8 +55,8 @@ class TokenizerChoice:
 
 def _script_counts(text: str) -> tuple[int, int, int, int]:
     """(Han, kana, Hangul characters, words of other scripts) in `text`."""
-    han, kana, hangul = (len(p.findall(text)) for p in (_HAN, _KANA, _HANGUL))
-    other_words = len(_WORD.findall(_HANGUL.sub(" ", _KANA.sub(" ", _HAN.sub(" ", text)))))
+    han, kana, hangul = (len(p.findall(text)) for p in (HAN, KANA, HANGUL))
+    other_words = len(_WORD.findall(HANGUL.sub(" ", KANA.sub(" ", HAN.sub(" ", text)))))
     return han, kana, hangul, other_words
 
 

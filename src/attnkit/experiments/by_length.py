@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from attnkit.checkpoint import checkpoint_languages
+from attnkit.data.text import UNSPACED
 from attnkit.decode import DecodeOptions, Translator
 from attnkit.errors import AttnkitError
-from attnkit.eval.bleu import UNSPACED, TokenizerChoice, bleu_tokenizer, score_corpus
+from attnkit.eval.bleu import TokenizerChoice, bleu_tokenizer, score_corpus
 from attnkit.experiments.tables import write_table
 from attnkit.viz.figure import finish, subplots
 

@@ -169,10 +169,12 @@ class CT2Translator:
     def translate(self, sentences: list[str], options: DecodeOptions | None = None, *,
                   prefixes: list[str] | None = None, batch_size: int = 64, max_tokens: int = 0,
                   need_attention: bool = False, memory_budget: int | None = None, number_from: int = 1,
-                  **kw) -> list[Translation]:
+                  glossary=None, **kw) -> list[Translation]:
         """As `Translator.translate`: results in input order, n-best in `.nbest`. CTranslate2 batches (at most
         `batch_size` sentences or, if set, `max_tokens` tokens) and manages its memory itself: `memory_budget`
-        is accepted for the same signature and not used."""
+        is accepted for the same signature and not used; a `glossary` is refused (attnkit's search places terms)."""
+        if glossary is not None:
+            raise ConfigError("a glossary's terms are placed by attnkit's constrained beam search, not by CTranslate2")
         opts = options or DecodeOptions(**kw)
         self._check_request(prefixes, opts, need_attention)
         src_ids = self.encode_sources(sentences, number_from)

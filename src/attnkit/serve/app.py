@@ -34,6 +34,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from attnkit import __version__
 from attnkit.cpu import int8_kernels
+from attnkit.data.glossary import Glossary
 from attnkit.decode.memory import gigabytes
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.errors import AttnkitError, ConfigError
@@ -106,20 +107,31 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
         return Health(status="ok", model=model_kind, device=str(translator.device), quantize=quantize,
                       kernels=int8_kernels() if quantize == "int8" else "", queue=batcher.pending)
 
-    async def queued(sentences: list[str], options: DecodeOptions, alignment: bool, views: bool = False) -> list:
+    async def queued(sentences: list[str], options: DecodeOptions, alignment: bool, views: bool = False,
+                     glossary: Glossary | None = None) -> list:
         try:  # the batch's own timeout drops a late job from the queue
             return await answer(batcher.submit(sentences, options, alignment, timeout=request_timeout_s,
-                                               views=views), "translation")
+                                               views=views, glossary=glossary), "translation")
         except Busy:
             metrics.rejected.labels("queue_full").inc()
             raise
 
     @app.post("/translate", responses=errors)
     async def translate(req: TranslateRequest) -> TranslateResponse:
-        sentences, options = _checked(req, caps)
-        results = await queued(sentences, options, req.alignment)
-        return TranslateResponse(translations=[TranslationOut.of(t, req.alignment) for t in results])
+        sentences, options, glossary = _checked(req, caps)
+        results = await queued(sentences, options, req.alignment, glossary=glossary)
+        return TranslateResponse(translations=[TranslationOut.of(t, req.alignment, glossary is not None)
+                                               for t in results])
 
+    _install_explorer(app, queued, caps, model_kind, errors)
+    languages = languages or {}
+    documents.install(app, queued, caps, languages.get("src"), errors)
+    libretranslate.install(app, queued, caps, languages, [languages["tgt"]] if languages.get("tgt") else [])
+    return app
+
+
+def _install_explorer(app: FastAPI, queued, caps: Limits, model_kind: str, errors: dict) -> None:
+    """`GET /`, the attention explorer, and `POST /explore`, the data it draws, queued like any translation."""
     page = explorer_page(f"attnkit: {model_kind}", live={"task": "translation", "max_beam": caps.max_beam})
 
     @app.get("/", include_in_schema=False)
@@ -134,26 +146,23 @@ def create_app(translator: Translator, *, max_batch_sentences: int = 64, batch_w
         check_input(req.text, "text", caps.max_chars)
         try:
             options = req.options(caps)
+            glossary = req.glossary_of(options, caps)
         except AttnkitError as e:
             raise ApiError(422, str(e)) from None
-        items = await queued([req.text], options, False, views=True)
+        items = await queued([req.text], options, False, views=True, glossary=glossary)
         return explorer_data(items, title=f"attnkit: {model_kind}", model=model_kind, task="translation")
 
-    languages = languages or {}
-    documents.install(app, queued, caps, languages.get("src"), errors)
-    libretranslate.install(app, queued, caps, languages, [languages["tgt"]] if languages.get("tgt") else [])
-    return app
 
-
-def _checked(req: TranslateRequest, caps: Limits) -> tuple[list[str], DecodeOptions]:
-    """The request's sentences and options, or ApiError (413 / 422) before it goes near a batch."""
+def _checked(req: TranslateRequest, caps: Limits) -> tuple[list[str], DecodeOptions, Glossary | None]:
+    """The request's sentences, options and glossary, or ApiError (413 / 422) before it goes near a batch."""
     sentences = req.sentences()
     if len(sentences) > caps.max_request_sentences:
         raise ApiError(413, f"{len(sentences)} sentences in one request; the limit is {caps.max_request_sentences}")
     for field, s in zip(req.fields(), sentences):
         check_input(s, field, caps.max_chars)
     try:
-        return sentences, req.options(caps)
+        options = req.options(caps)
+        return sentences, options, req.glossary_of(options, caps)
     except AttnkitError as e:
         raise ApiError(422, str(e)) from None
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from attnkit.data.glossary import Glossary
 from attnkit.decode.translator import DecodeOptions, Translator
 from attnkit.serve.http import TIMEOUTS, Busy, ModelGate
 from attnkit.viz.attention import translation_views
@@ -47,10 +48,12 @@ class _Job:
     need_attention: bool
     future: asyncio.Future = field(repr=False)
     views: bool = False  # the explorer's: each sentence's hypotheses with their attention, not Translations
+    glossary: Glossary | None = None
 
     def group_key(self) -> tuple:
         # sampled jobs stay alone: one generator per translate() call, so company would change the draw
-        return (self.options, self.need_attention, self.views, id(self) if self.options.sampling else None)
+        return (self.options, self.need_attention, self.views, self.glossary,
+                id(self) if self.options.sampling else None)
 
 
 class Batcher:
@@ -95,12 +98,13 @@ class Batcher:
         self._worker, self._held = None, None
 
     async def submit(self, sentences: list[str], options: DecodeOptions, need_attention: bool,
-                     timeout: float | None = None, *, views: bool = False) -> list:
+                     timeout: float | None = None, *, views: bool = False, glossary: Glossary | None = None) -> list:
         """The translations of `sentences` (with `views`, each one's hypotheses with their attention, as
-        `translation_views` gives them); Busy if the queue is full, TimeoutError after `timeout` s."""
+        `translation_views` gives them), using `glossary`'s terms; Busy if the queue is full, TimeoutError after
+        `timeout` s."""
         if self._queue is None:
             raise RuntimeError("the translation worker is not running")
-        job = _Job(sentences, options, need_attention, asyncio.get_running_loop().create_future(), views)
+        job = _Job(sentences, options, need_attention, asyncio.get_running_loop().create_future(), views, glossary)
         try:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
@@ -198,11 +202,11 @@ class Batcher:
         start = time.perf_counter()
         if head.views:
             results = await self.gate.run(translation_views, self.translator, sentences, head.options,
-                                          memory_budget=self.memory_budget)
+                                          memory_budget=self.memory_budget, glossary=head.glossary)
         else:
             results = await self.gate.run(self.translator.translate, sentences, head.options,
                                           batch_size=self.max_batch_sentences, need_attention=head.need_attention,
-                                          memory_budget=self.memory_budget)
+                                          memory_budget=self.memory_budget, glossary=head.glossary)
         seconds = time.perf_counter() - start
         self._seconds_per_sentence = 0.8 * self._seconds_per_sentence + 0.2 * seconds / len(sentences)
         if self.on_batch is not None:

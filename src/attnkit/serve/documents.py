@@ -17,21 +17,20 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from attnkit.data.sentences import Piece, put_back, sentence_pieces
 from attnkit.decode.options import DecodeOptions
+from attnkit.errors import AttnkitError
 from attnkit.serve.http import ApiError, check_sentences, sse_event
 from attnkit.serve.libretranslate import Queue
-from attnkit.serve.schema import Limits
+from attnkit.serve.schema import GlossaryFields, Limits
 
 _D = DecodeOptions()
 
 
-class DocumentRequest(BaseModel):
-    """A text of any number of lines and sentences, and how to search each sentence."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+class DocumentRequest(GlossaryFields):
+    """A text of any number of lines and sentences, how to search each sentence, and a glossary if any."""
 
     text: str
     beam: int = Field(_D.beam, ge=1)
@@ -42,6 +41,12 @@ class DocumentRequest(BaseModel):
         if self.beam > limits.max_beam:
             raise ApiError(422, f"field 'beam': {self.beam} is over this server's limit of {limits.max_beam}")
         return DecodeOptions(beam=self.beam, len_penalty=self.len_penalty, max_len=limits.max_output_tokens)
+
+    def checked_glossary(self, options: DecodeOptions, limits: Limits):
+        try:
+            return self.glossary_of(options, limits)
+        except AttnkitError as e:
+            raise ApiError(422, str(e)) from None
 
 
 def checked_sentences(req: DocumentRequest, caps: Limits, lang: str | None) -> tuple[list[Piece], list[str]]:
@@ -59,11 +64,12 @@ def install(app: FastAPI, queue: Queue, caps: Limits, lang: str | None, errors: 
     async def translate_document(req: DocumentRequest):
         """A whole text, a sentence at a time (module docstring); `"stream": true` for server-sent events."""
         options = req.options(caps)
+        glossary = req.checked_glossary(options, caps)
         pieces, sources = checked_sentences(req, caps, lang)
         if not req.stream:
-            results = await queue(sources, options, False) if sources else []
+            results = await queue(sources, options, False, glossary=glossary) if sources else []
             return {"translation": put_back(pieces, [t.text for t in results])}
-        jobs = [asyncio.ensure_future(queue([s], options, False)) for s in sources]
+        jobs = [asyncio.ensure_future(queue([s], options, False, glossary=glossary)) for s in sources]
         return StreamingResponse(_events(pieces, sources, jobs), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

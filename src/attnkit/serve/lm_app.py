@@ -117,8 +117,11 @@ def create_lm_app(model: Any, vocab: Any, cfg: LMRunConfig, *, max_queue: int = 
         """The self-attention of the model over `text` (its first half read as the memory by Transformer-XL) and
         its greedy continuation, as the explorer page draws them."""
         check_input(req.text, "text", caps.max_chars)
-        if req.beam > 1 or req.nbest > 1:
-            raise ApiError(422, "field 'beam': a language model reads its text; beam and nbest are for translation")
+        asked = [name for name, given in (("beam", req.beam > 1), ("nbest", req.nbest > 1),
+                                          ("glossary", bool(req.glossary))) if given]
+        if asked:
+            raise ApiError(422, f"field '{asked[0]}': a language model reads its text; beam, nbest and glossary are "
+                                "for translation")
         views = await admitted(answer(gate.run(_read, model, vocab, cfg, req.text), "reading", request_timeout_s))
         return explorer_data([[v] for v in views], title=title, model=model.kind, task="lm")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from attnkit.data.glossary import Glossary
 from attnkit.data.text import lone_surrogate
 from attnkit.decode.translator import DecodeOptions, Translation
 from attnkit.errors import ConfigError
@@ -35,10 +36,38 @@ class Limits:
             raise ConfigError("serve: every --max-* limit must be at least 1")
 
 
-class TranslateRequest(BaseModel):
-    """One sentence (`text`) or several (`texts`), and how to search."""
+MAX_GLOSSARY_TERMS = 1000  # entries one request's glossary may hold
+
+
+class GlossaryFields(BaseModel):
+    """A request's glossary: [source term, target term] pairs its translations must use (attnkit.data.glossary)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    glossary: list[list[str]] | None = Field(None, max_length=MAX_GLOSSARY_TERMS,
+                                             description="[source term, target term] pairs the translation keeps")
+    glossary_inflected: bool = Field(False, description="a term's words also match with up to three more letters")
+
+    def glossary_of(self, options: DecodeOptions, limits: Limits) -> Glossary | None:
+        """The Glossary, or ConfigError naming the field: a pair that is not two terms, a term over --max-chars,
+        text that is not Unicode, or sampling (terms are placed by beam search)."""
+        if not self.glossary:
+            return None
+        for i, pair in enumerate(self.glossary):
+            if len(pair) != 2:
+                raise ConfigError(f"field 'glossary.{i}': give [source term, target term], not {len(pair)} string(s)")
+            for term in pair:
+                check_text(term, f"glossary.{i}")
+                if len(term) > limits.max_chars:
+                    raise ConfigError(f"field 'glossary.{i}': a term of {len(term)} characters; the limit is "
+                                      f"{limits.max_chars}")
+        if options.sampling:
+            raise ConfigError("field 'glossary': terms are placed by beam search, not with sampling")
+        return Glossary.from_pairs(self.glossary, self.glossary_inflected, origin="glossary")
+
+
+class TranslateRequest(GlossaryFields):
+    """One sentence (`text`) or several (`texts`), how to search, and a glossary if any."""
 
     text: str | None = None
     texts: list[str] | None = Field(None, min_length=1)
@@ -81,11 +110,10 @@ class TranslateRequest(BaseModel):
             raise ConfigError(api_words(str(e))) from None
 
 
-class ExploreRequest(BaseModel):
+class ExploreRequest(GlossaryFields):
     """POST /explore: one input for the attention explorer; a translation server searches with `beam` and shows
-    `nbest` hypotheses (a language-model server reads `text`, and ignores neither: it refuses beam or nbest > 1)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    `nbest` hypotheses, using the glossary's terms if one is given (a language-model server reads `text`, and ignores
+    neither: it refuses beam or nbest > 1)."""
 
     text: str
     beam: int = Field(1, ge=1)
@@ -138,15 +166,24 @@ class Hypothesis(BaseModel):
     norm_score: float = Field(description="the score the search ranked by")
 
 
+class TermOut(BaseModel):
+    source: str
+    target: str
+    placed: bool = Field(description="whether the translation uses the target term")
+    note: str = Field(description="why not, where it does not")
+
+
 class TranslationOut(Hypothesis):
     nbest: list[Hypothesis] = Field(description="the other hypotheses, best first")
     alignment: list[int] | None = Field(description="source position per target piece, if asked for")
+    terms: list[TermOut] | None = Field(None, description="with a glossary: the terms the source held")
 
     @classmethod
-    def of(cls, t: Translation, alignment: bool) -> TranslationOut:
+    def of(cls, t: Translation, alignment: bool, glossary: bool = False) -> TranslationOut:
         return cls(text=t.text, score=t.score, norm_score=t.norm_score,
                    nbest=[Hypothesis(text=h.text, score=h.score, norm_score=h.norm_score) for h in t.nbest],
-                   alignment=t.alignment if alignment else None)
+                   alignment=t.alignment if alignment else None,
+                   terms=[TermOut(**vars(u)) for u in t.terms] if glossary else None)
 
 
 class TranslateResponse(BaseModel):
@@ -167,5 +204,5 @@ class ErrorOut(BaseModel):
     error: str
 
 
-__all__ = ["ErrorOut", "ExploreRequest", "GenerateRequest", "Health", "Limits", "TranslateRequest",
+__all__ = ["ErrorOut", "ExploreRequest", "GenerateRequest", "GlossaryFields", "Health", "Limits", "TranslateRequest",
            "TranslateResponse", "TranslationOut", "api_words", "check_text"]

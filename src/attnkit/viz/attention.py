@@ -55,6 +55,7 @@ class AttentionView:
     score: float | None = None  # a search's hypothesis: its summed log-probability
     norm_score: float | None = None  # and the score the search ranked it by
     note: str = ""
+    terms: list[dict] = field(default_factory=list)  # a glossary's terms: source, target, placed, note (TermUse)
 
     def layers(self, kind: str) -> list[np.ndarray]:
         if kind not in self.maps:
@@ -168,11 +169,12 @@ def seq2seq_views(translator, sources: list[str], targets: list[str] | None = No
 
 
 def translation_views(translator, sources: list[str], options: DecodeOptions, *,
-                      memory_budget: int | None = None) -> list[list[AttentionView]]:
+                      memory_budget: int | None = None, glossary=None) -> list[list[AttentionView]]:
     """Each source's hypotheses as the translator returns them (with nbest > 1, best first), every one with the
     attention the model computes for it: its ids teacher-forced back (the same maps as step-by-step decoding).
-    `memory_budget` is the translator's (bytes per search; None: half the memory available)."""
-    results = translator.translate(sources, options, memory_budget=memory_budget)
+    `memory_budget` is the translator's (bytes per search; None: half the memory available); with a `glossary`
+    each view says which of its terms the hypothesis uses."""
+    results = translator.translate(sources, options, memory_budget=memory_budget, glossary=glossary)
     hyps = [[t, *t.nbest] for t in results]
     flat = [(i, h) for i, hs in enumerate(hyps) for h in hs]
     src_ids = translator.encode_sources(sources)
@@ -180,7 +182,7 @@ def translation_views(translator, sources: list[str], options: DecodeOptions, *,
                                  [h.tokens for _, h in flat])
     grouped: list[list[AttentionView]] = [[] for _ in sources]
     for (i, h), view in zip(flat, views):
-        view.score, view.norm_score = h.score, h.norm_score
+        view.score, view.norm_score, view.terms = h.score, h.norm_score, [vars(u) for u in h.terms]
         grouped[i].append(view)
     return grouped
 

@@ -10,7 +10,8 @@ The same page is written by `attnkit plot attention --html` (the data embedded) 
 (the data fetched from POST /explore as the user types).
 
 Data: {"title", "model", "task": "translation" | "lm", "items": [{"source", "hypotheses": [{"text", "score",
-"norm_score", "kinds": {kind: {"title", "queries", "keys", "boundary", "layers": L x H x Tq x Tk}}}]}]}.
+"norm_score", "terms": [{"source", "target", "placed", "note"}], "kinds": {kind: {"title", "queries", "keys",
+"boundary", "layers": L x H x Tq x Tk}}}]}]}.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def explorer_data(items: list[list[AttentionView]], *, title: str, model: str, t
     """The page's JSON: `items` holds, per input, its hypotheses (one, or a beam's n-best, best first)."""
     return {"title": title, "model": model, "task": task, "items": [{
         "source": hyps[0].source,
-        "hypotheses": [{"text": v.output, "score": v.score, "norm_score": v.norm_score, "kinds": kinds_json(v)}
-                       for v in hyps]} for hyps in items]}
+        "hypotheses": [{"text": v.output, "score": v.score, "norm_score": v.norm_score, "terms": v.terms,
+                        "kinds": kinds_json(v)} for v in hyps]} for hyps in items]}
 
 
 def explorer_page(title: str, data: dict[str, Any] | None = None, live: dict[str, Any] | None = None) -> str:

@@ -68,6 +68,10 @@
     state.hyp = +$('hyp').value || 0;
     const {item, hyp} = current();
     $('source').textContent = item.source; $('output').textContent = hyp.text;
+    const terms = hyp.terms || [];  // a glossary's terms: which the hypothesis uses (\u2713) and which not (\u2717)
+    $('terms').hidden = !terms.length;
+    $('terms').textContent = 'glossary: ' + terms.map((t) => t.source + ' \u2192 ' + t.target + ' ' +
+      (t.placed ? '\u2713' : '\u2717 ' + t.note)).join(' \u00b7 ');
     const kinds = Object.keys(hyp.kinds), keep = kinds.includes(state.kind) ? state.kind : kinds[0];
     fill($('kind'), kinds.map((k) => [k, hyp.kinds[k].title]));
     $('kind').value = keep;
@@ -255,7 +259,7 @@
     $('ask').hidden = false;
     if (live.task === 'lm') {
       $('go').textContent = 'read'; $('lm-controls').hidden = false;
-      $('beam-label').hidden = true; $('nbest-label').hidden = true;
+      $('beam-label').hidden = true; $('nbest-label').hidden = true; $('glossary').hidden = true;
       $('text').placeholder = 'type some text for the language model to read or continue';
     } else {
       $('beam').max = live.max_beam; $('nbest').max = live.max_beam;
@@ -271,6 +275,9 @@
     setState('busy'); status('working\u2026');
     const text = $('text').value;
     const body = live.task === 'lm' ? {text} : {text, beam: +$('beam').value, nbest: +$('nbest').value};
+    const glossary = $('glossary').value.split('\n').filter((l) => l.trim())
+      .map((l) => l.includes('\t') ? l.split('\t') : l.split('='));
+    if (live.task !== 'lm' && glossary.length) body.glossary = glossary.map((p) => p.map((s) => s.trim()));
     try {
       const r = await post('explore', body, 'application/json'), out = await r.json();
       if (!r.ok) { status(out.error || r.statusText, true); return; }
