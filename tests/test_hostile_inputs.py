@@ -9,7 +9,7 @@ translate to nothing (`empty`), which are truncated with a warning (`truncated`)
 input as strings (`texts`: a JSON field, `--src`, `--prompt`) with the status the service answers them with.
 
 The verbs (the columns): prepare and train (one corpus holding every readable row; the refused rows one by one),
-translate (a file, stdin, --interactive, and the CTranslate2 engine), score, evaluate, lm prepare / train / eval /
+translate (a file, stdin, --interactive, a document, a glossary file, and the CTranslate2 engine), score, evaluate, lm prepare / train / eval /
 generate, the service's routes (/translate, /explore, and a language model's /explore and /generate), the explorer
 page (`plot attention --html`, drawn in Chromium for two rows) and the pictures (`plot attention`, `plot decoding`).
 "Nothing is lost": translate and score give one line per input line, and a refusal leaves no output behind (an
@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -338,6 +339,42 @@ def test_translate_a_document(capsys, tmp_path, checkpoint, translator, case):
     lines = written.split("\n")[:-1]
     assert len(lines) == len(case.lines), f"a line was lost or added; {case.rule}"
     assert all(lines[i - 1].strip() == "" for i in case.empty)
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=ids(HOSTILE))
+def test_translate_with_a_glossary(capsys, tmp_path, checkpoint, translator, case):
+    """A glossary file is read as every verb reads text, or refused in the same line and nothing written; with each
+    of the case's lines as a source term (CRLF line ends), every term is in its line's translation or named on stderr
+    with the reason, and the CLI answers as the Python API does."""
+    from attnkit.data.glossary import Glossary
+
+    src, terms, out = tmp_path / "input.de", tmp_path / "terms.tsv", tmp_path / "out.en"
+    src.write_bytes(lf("drei") if case.lines is None else lf(*case.lines))
+    if case.lines is None:  # the glossary is the file that breaks
+        terms.write_bytes(case.data)
+        code, _, err = run(capsys, "translate", "--checkpoint", checkpoint, "--device", "cpu", "--input", src,
+                           "--output", out, "--glossary", terms)
+        assert (code, err) == (2, refusal(case, terms)) and not out.exists()
+        return
+    entries = [line.strip() for line in case.lines if line.strip()]
+    terms.write_bytes(BOM + "".join(f"{e}\tthree\r\n" for e in entries).encode("utf-8"))
+    code, _, err = run(capsys, "translate", "--checkpoint", checkpoint, "--device", "cpu", "--input", src,
+                       "--output", out, "--glossary", terms, "--beam", "2")
+    assert code == 0, err
+    glossary = Glossary.read(terms)
+    assert [t.source for t in glossary.terms] == entries and {t.target for t in glossary.terms} <= {"three"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncations and unplaced terms: the CLI's stderr is checked below
+        got = translator.translate(list(case.lines), beam=2, glossary=glossary)
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == [t.text for t in got]
+    uses = [(i, u, t.text) for i, t in enumerate(got, start=1) for u in t.terms]
+    assert len(uses) >= len(entries)  # each line holds its own term at least
+    for i, use, text in uses:
+        if use.placed:
+            assert "three" in text
+        else:
+            assert f"attnkit: warning: input {i}: the glossary term {use.source!r} -> 'three' is not in the " \
+                   f"translation ({use.note})" in err
 
 
 @pytest.fixture(scope="module")
