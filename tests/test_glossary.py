@@ -15,7 +15,7 @@ from attnkit.cli.main import main
 from attnkit.data.glossary import Glossary, Term
 from attnkit.data.tokenizer import EOS_ID, PAD_ID, SubwordTokenizer
 from attnkit.decode import Translator, translate_document
-from attnkit.decode.constrained import NO_ROOM, UNWRITABLE, Progress, constrained_beam_search, term_tokens
+from attnkit.decode.constrained import NO_ROOM, UNWRITABLE, Progress, constrained_beam_search, term_tokens, unmet_in
 from attnkit.decode.scoring import score_targets
 from attnkit.errors import ConfigError, DataError
 from test_decode import TABLE, A, B, ChainModel, model, sources
@@ -154,7 +154,23 @@ def test_ensembles_and_nbest_keep_the_terms(trained_checkpoint, translator):
     alone = translator.translate(SOURCES, beam=5, nbest=3, glossary=GLOSSARY)  # a model twice: the model's search
     assert [[h.text for h in [t, *t.nbest]] for t in got] == [[h.text for h in [t, *t.nbest]] for t in alone]
     placed = [all(u.placed for u in h.terms) for h in [got[0], *got[0].nbest]]
-    assert placed[0] and placed == sorted(placed, reverse=True)  # those that use every term come first
+    assert placed[0] and all(placed[i] == _uses_all(h, translator) for i, h in enumerate([got[0], *got[0].nbest]))
+
+
+def _uses_all(t, translator) -> bool:
+    return all(_holds(t.tokens, term_tokens(translator.tgt_tok, u.target)) for u in t.terms)
+
+
+def test_unmet_counts_each_occurrence_once():
+    assert unmet_in([5, 6, 5, 6], [[5, 6], [5, 6]]) == ()
+    assert unmet_in([5, 6, 7], [[5, 6], [6, 7], [5, 6]]) == (1, 2)  # overlapping or repeated places are one place
+
+
+def test_a_translation_that_already_uses_the_terms_stays_as_it_was(translator):
+    plain = translator.translate(SOURCES, beam=5)
+    word = plain[1].text.split()[1]  # a word after the first: its pieces start with the word mark
+    got = translator.translate(SOURCES, beam=5, glossary=Glossary.from_pairs([(SOURCES[1], word)]))
+    assert [t.text for t in got] == [t.text for t in plain] and got[1].terms[0].placed
 
 
 def test_documents_and_the_cli_use_the_glossary(tmp_path, trained_checkpoint, translator, capsys):

@@ -113,7 +113,7 @@ def constrained_beam_search(model, src: torch.Tensor, constraints: list[list[int
             if c.token == EOS_ID:
                 _finish(finished, c, history, attn_hist, constraints, k, len_penalty, len_style)
         chosen = _allocate([c for c in cands if c.token != EOS_ID], lengths, k)
-        if not chosen or _settled(finished, chosen, t, limit, k, len_penalty, len_style):
+        if not chosen or _settled(finished, chosen, t, limit, nbest, len_penalty, len_style):
             break
         chosen += [Candidate(float("-inf"), chosen[0].row, chosen[0].token, chosen[0].progress)] * (k - len(chosen))
         rows = torch.tensor([c.row for c in chosen], device=src.device)  # (K,)
@@ -168,14 +168,31 @@ def _finish(finished: list[Hypothesis], c: Candidate, history: torch.Tensor, att
     del finished[k:]
 
 
-def _settled(finished: list[Hypothesis], running: list[Candidate], t: int, limit: int, k: int, alpha: float,
+def _settled(finished: list[Hypothesis], running: list[Candidate], t: int, limit: int, n: int, alpha: float,
              style: str) -> bool:
-    """K hypotheses met every constraint and no running one can still beat the worst of them (scores only fall
-    as tokens are added, so the bound is exact)."""
-    if len(finished) < k or finished[-1].unmet:
+    """The n best finished hypotheses met every constraint and no running one can still beat the n-th of them
+    (scores only fall as tokens are added, so the bound is exact): the n returned are final. Waiting for K, as
+    `beam_search` does, would change nothing returned; the banks leave few rows to the fullest bank, so K
+    complete hypotheses come late, often at the output limit (benchmarks/glossary.py times the search)."""
+    if len(finished) < n or finished[n - 1].unmet:
         return False
     best = torch.tensor([[max(c.score for c in running)]])
-    return float(best_possible(best, t, torch.tensor([limit]), alpha, style)) <= finished[-1].norm_score
+    return float(best_possible(best, t, torch.tensor([limit]), alpha, style)) <= finished[n - 1].norm_score
+
+
+def unmet_in(tokens: list[int], constraints: list[list[int]]) -> tuple[int, ...]:
+    """The constraints (indices) `tokens` does not hold, each occurrence held once: a term asked for twice needs two
+    places of its own."""
+    used: set[int] = set()
+    unmet = []
+    for c, ids in enumerate(constraints):
+        at = next((i for i in range(len(tokens) - len(ids) + 1)
+                   if tokens[i : i + len(ids)] == ids and not used & set(range(i, i + len(ids)))), None)
+        if at is None:
+            unmet.append(c)
+        else:
+            used |= set(range(at, at + len(ids)))
+    return tuple(unmet)
 
 
 @dataclass(frozen=True)
@@ -221,4 +238,4 @@ def term_tokens(tok, target: str) -> list[int]:
     return ids
 
 
-__all__ = ["Progress", "SentenceTerms", "constrained_beam_search", "term_tokens"]
+__all__ = ["Progress", "SentenceTerms", "constrained_beam_search", "term_tokens", "unmet_in"]

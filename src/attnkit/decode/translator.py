@@ -23,13 +23,14 @@ from attnkit.data.target_tags import TargetTags
 from attnkit.data.text import check_unicode
 from attnkit.data.tokenizer_kinds import Tokenizer, tokenizer_from_bytes
 from attnkit.decode.beam import beam_search
-from attnkit.decode.constrained import SentenceTerms, constrained_beam_search
+from attnkit.decode.constrained import SentenceTerms, constrained_beam_search, unmet_in
 from attnkit.decode.ensemble import Ensemble
 from attnkit.decode.greedy import greedy_search, sample
 from attnkit.decode.memory import SearchShape, default_budget, plan_batches, search_bytes
 from attnkit.decode.options import DecodeOptions, Translation, pad_nbest, usable_quantization
 from attnkit.decode.scoring import score_targets
 from attnkit.decode.search import Hypothesis
+from attnkit.decode.shortlist import Shortlisted, VocabShortlist
 from attnkit.errors import CheckpointError, ConfigError, DataError
 from attnkit.runtime import resolve_device
 
@@ -51,7 +52,8 @@ class Translator:
 
     def __init__(self, model, src_tok: Tokenizer, tgt_tok: Tokenizer, *,
                  device: torch.device | str = "cpu", max_len_a: float = 1.2, max_len_b: int = 10,
-                 quantize: str | None = None, target_tag: str | None = None):
+                 quantize: str | None = None, target_tag: str | None = None,
+                 shortlist: VocabShortlist | None = None):
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
         self.src_tok, self.tgt_tok = src_tok, tgt_tok
@@ -60,6 +62,13 @@ class Translator:
         self.quantize = usable_quantization(quantize, self.device)
         self.fast = for_inference(self.model, int8=self.quantize == "int8")  # what the searches run
         self.lang_tags = TargetTags(src_tok, target_tag)  # MarianTokenizer's rule (attnkit.data.target_tags)
+        self.shortlist = shortlist  # the searches' output drawn from each sentence's shortlist (decode/shortlist.py)
+
+    @property
+    def searcher(self):
+        """What the searches run: the inference copy, over the shortlist where there is one (forced scoring runs the
+        copy itself, over the whole vocabulary, as Marian's scorer does)."""
+        return self.fast if self.shortlist is None else Shortlisted(self.fast, self.shortlist)
 
     @property
     def tags(self) -> dict[str, int]:
@@ -81,14 +90,16 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", quantize: str | None = None, *,
-                        target_tag: str | None = None) -> Translator:
-        return cls.from_checkpoints([path], device=device, quantize=quantize, target_tag=target_tag)
+                        target_tag: str | None = None, shortlist: bool = True) -> Translator:
+        return cls.from_checkpoints([path], device=device, quantize=quantize, target_tag=target_tag,
+                                    shortlist=shortlist)
 
     @classmethod
     def from_checkpoints(cls, paths: list[str | Path], device: str = "auto", quantize: str | None = None, *,
-                         target_tag: str | None = None) -> Translator:
+                         target_tag: str | None = None, shortlist: bool = True) -> Translator:
         """One checkpoint, or several decoded as an ensemble (their probabilities averaged, `Ensemble`): they
-        must share the tokenizers (one prepared dataset); the output length limits are the first one's."""
+        must share the tokenizers (one prepared dataset); the output length limits and the lexical shortlist (where
+        it has one; `shortlist=False`: none) are the first one's."""
         if not paths:
             raise ConfigError("Translator.from_checkpoints needs at least one checkpoint")
         ckpts = [translation_checkpoint(p) for p in paths]
@@ -98,8 +109,10 @@ class Translator:
         src_tok = tokenizer_from_bytes(first.tokenizers["src"])
         tgt_tok = tokenizer_from_bytes(first.tokenizers["tgt"]) if "tgt" in first.tokenizers else src_tok
         t = first.config.train
+        lex = VocabShortlist.from_tensors(first.shortlist) if shortlist and first.shortlist else None
         return cls(models[0] if len(models) == 1 else Ensemble(models), src_tok, tgt_tok, device=device,
-                   max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize, target_tag=target_tag)
+                   max_len_a=t.max_len_a, max_len_b=t.max_len_b, quantize=quantize, target_tag=target_tag,
+                   shortlist=lex)
 
     def encode_sources(self, sentences: list[str], number_from: int = 1) -> list[np.ndarray]:
         """Subword ids, after the target-language tag where there is one; inputs longer than the model's positions
@@ -132,8 +145,8 @@ class Translator:
         if opts.sampling:
             return self._sample(src, opts, common)
         if opts.beam == 1:
-            return greedy_search(self.fast, src, **common)
-        return beam_search(self.fast, src, beam=opts.beam, nbest=opts.nbest, len_penalty=opts.len_penalty,
+            return greedy_search(self.searcher, src, **common)
+        return beam_search(self.searcher, src, beam=opts.beam, nbest=opts.nbest, len_penalty=opts.len_penalty,
                            len_style=opts.len_style, **common)
 
     def _sample(self, src: torch.Tensor, opts: DecodeOptions, common: dict) -> list[list[Hypothesis]]:
@@ -143,7 +156,7 @@ class Translator:
         rows = torch.arange(src.size(0), device=src.device).repeat_interleave(n)
         if common["prefix"] is not None:
             common = {**common, "prefix": common["prefix"].index_select(0, rows)}
-        drawn = sample(self.fast, src.index_select(0, rows), temperature=opts.temperature, top_k=opts.top_k,
+        drawn = sample(self.searcher, src.index_select(0, rows), temperature=opts.temperature, top_k=opts.top_k,
                        top_p=opts.top_p, generator=gen, **common)
         return [sorted((h for hyps in drawn[i * n : (i + 1) * n] for h in hyps), key=lambda h: -h.score)
                 for i in range(src.size(0))]
@@ -166,8 +179,8 @@ class Translator:
         and are cut further until each search fits in `memory_budget` bytes (default: half the memory
         available when the call starts); a sentence that cannot fit alone raises ConfigError. A truncation
         warning numbers the sentences from `number_from` (1: the first of `sentences`). With a `glossary`, a
-        sentence that holds its source terms is searched alone by constrained beam search (beam at least
-        GLOSSARY_BEAM), and its `terms` say which target terms the output uses.
+        sentence that holds its source terms and whose translation lacks a target term is searched again alone, by
+        constrained beam search (beam at least GLOSSARY_BEAM); its `terms` say which target terms the output uses.
         """
         opts = options or DecodeOptions(**kw)
         self._check_request(sentences, prefixes, opts, need_attention, glossary)
@@ -193,20 +206,19 @@ class Translator:
 
     def _search_batch(self, src: torch.Tensor, idx: list[int], opts: DecodeOptions, prefixes: list[str] | None,
                       need_attention: bool, terms: list[SentenceTerms | None]) -> list[list[Hypothesis]]:
-        """src (B, S): the sentences without glossary terms searched together, the others one at a time."""
-        alone = [j for j, i in enumerate(idx) if terms[i] is not None and terms[i].constraints]
-        together = [j for j in range(len(idx)) if j not in alone]
-        out: list[list[Hypothesis]] = [[] for _ in idx]
-        if together:
-            rows = src if not alone else src[together]
-            found = self.search(rows, opts, prefix=self._prefix_batch(prefixes, [idx[j] for j in together]),
-                                need_attention=need_attention)
-            for j, hyps in zip(together, found):
-                out[j] = hyps
+        """src (B, S) searched together; a sentence with glossary terms whose best translation lacks one of them is
+        searched again alone, by constrained beam search (a translation that already uses every term stays)."""
+        out = self.search(src, opts, prefix=self._prefix_batch(prefixes, idx), need_attention=need_attention)
+        alone = []
+        for j, i in enumerate(idx):
+            if terms[i] is not None and terms[i].constraints:
+                for h in out[j]:
+                    h.unmet = unmet_in(h.tokens, terms[i].constraints)
+                alone += [j] if not out[j] or out[j][0].unmet else []
         a, b, cap = self.output_limit(opts)
         for j in alone:
             one = src[j : j + 1, : int(src[j].ne(0).sum())]  # (1, S) without padding
-            out[j] = constrained_beam_search(
+            out[j] = constrained_beam_search(  # over the whole vocabulary: a shortlist may lack a term's pieces
                 self.fast, one, terms[idx[j]].constraints, beam=max(opts.beam, GLOSSARY_BEAM), nbest=opts.nbest,
                 max_len_a=a, max_len_b=b, max_len=cap, min_len=opts.min_len, len_penalty=opts.len_penalty,
                 len_style=opts.len_style, no_repeat_ngram=opts.no_repeat_ngram, need_attention=need_attention,
