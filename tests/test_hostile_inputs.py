@@ -9,9 +9,10 @@ translate to nothing (`empty`), which are truncated with a warning (`truncated`)
 input as strings (`texts`: a JSON field, `--src`, `--prompt`) with the status the service answers them with.
 
 The verbs (the columns): prepare and train (one corpus holding every readable row; the refused rows one by one),
-translate (a file, stdin, --interactive, a document, a glossary file, and the CTranslate2 engine), score, evaluate, lm prepare / train / eval /
-generate, the service's routes (/translate, /explore, and a language model's /explore and /generate), the explorer
-page (`plot attention --html`, drawn in Chromium for two rows) and the pictures (`plot attention`, `plot decoding`).
+translate (a file, stdin, --interactive, a document, a glossary file, and the CTranslate2 engine), score, evaluate,
+lm prepare / train / eval / generate, the service's routes (/translate, /explore, and a language model's /explore and
+/generate), the explorer page (`plot attention --html`, drawn in Chromium for two rows) and the pictures (`plot
+attention`, `plot decoding`).
 "Nothing is lost": translate and score give one line per input line, and a refusal leaves no output behind (an
 earlier output stays as it was).
 

@@ -57,6 +57,9 @@ class Checkpoint:
     rng_state: torch.Tensor | None = None
     cuda_rng_state: torch.Tensor | None = None  # the current CUDA device's generator, when training there
     languages: dict[str, str | None] = field(default_factory=dict)  # {"src": code, "tgt": code} of the data
+    # a lexical shortlist the searches decode over (attnkit.decode.shortlist.VocabShortlist.to_tensors; Marian's
+    # models' lex.*.s2t.bin, imported by attnkit.formats.marian_bergamot); {}: none
+    shortlist: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | None = None) -> None:
@@ -64,6 +67,7 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, backup: str | Path | 
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in ckpt.model_state.items()}
     for name, blob in ckpt.tokenizers.items():
         tensors[f"tokenizer.{name}"] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    tensors.update({f"shortlist.{k}": v.contiguous().cpu() for k, v in ckpt.shortlist.items()})
     meta = {
         "format": FORMAT,
         "version": str(VERSION),
@@ -168,6 +172,7 @@ def load_checkpoint(path: str | Path, *, adapters: bool = False) -> Checkpoint:
         rng_state=tensors.get("rng.torch"),
         cuda_rng_state=tensors.get("rng.cuda"),
         languages=_languages(meta, path),
+        shortlist={k[10:]: v for k, v in tensors.items() if k.startswith("shortlist.")},
     )
 
 

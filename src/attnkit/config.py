@@ -30,8 +30,9 @@ ACTIVATIONS = ("relu", "gelu", "swish")
 # Positions: sinusoidal (section 3.5) | learned rows added to the embeddings; none (order-blind); shaw (Shaw et al.)
 POSITIONS = ("sinusoidal", "learned", "none", "shaw")
 # The Transformer's variants (TransformerConfig.variant; attnkit.models.transformer.VARIANTS holds their classes):
-# the paper's model, one part of its layer taken away or swapped each, and Kyubyong Park's TensorFlow Transformer
-VARIANTS = ("paper", "no-residual", "no-ffn", "no-wo", "shared-qk", "no-scale", "batch-norm", "kyubyong")
+# the paper's model, one part of its layer taken away or swapped each, Kyubyong Park's TensorFlow Transformer, and
+# ssru: decoder layers with an SSRU in place of the self-attention (the Bergamot / Firefox models', attnkit.nn.ssru)
+VARIANTS = ("paper", "no-residual", "no-ffn", "no-wo", "shared-qk", "no-scale", "batch-norm", "kyubyong", "ssru")
 ATTENTION_VARIANTS = ("no-wo", "shared-qk", "no-scale", "kyubyong")  # those that change the attention's class
 
 
@@ -80,6 +81,9 @@ class TransformerConfig:
     max_positions: int = 1024
     positions: str = "sinusoidal"  # sinusoidal (section 3.5) | learned (a row per position) | none | shaw (POSITIONS)
     relative_clip: int = 16  # positions: shaw: distances clipped to +-k (Shaw et al. 2018's k; tensor2tensor's 16)
+    # every LayerNorm's epsilon: torch's default (HF's Marian's); Marian's own models' is 1e-6 (kyubyong: 1e-8, always).
+    # Not the retired switch `layer_norm_eps` of older configs (attnkit.legacy), which spelled a variant
+    norm_eps: float = 1e-5
     # The paper's model, or one of its variants (VARIANTS): a small subclass of the Transformer each
     # (attnkit.models.transformer), one part of the paper's layer taken away or Kyubyong Park's TensorFlow model
     variant: str = "paper"
@@ -88,6 +92,8 @@ class TransformerConfig:
                         "n_decoder_layers", "max_positions", "relative_clip")
         _check_fractions(self, "dropout", "attention_dropout", "activation_dropout")
         _check_heads(self, variant=VARIANTS)
+        if not 0.0 < self.norm_eps < 1.0:
+            raise ConfigError(f"model.norm_eps must be in (0, 1), not {self.norm_eps}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError("model.share_embeddings needs a joint vocabulary (src and tgt vocab sizes differ)")
         if self.positions == "shaw" and self.variant in ATTENTION_VARIANTS:

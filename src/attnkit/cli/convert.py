@@ -20,7 +20,9 @@ def add_parsers(sub) -> dict[str, Callable]:
     im.add_argument("--from", dest="source_format", choices=FORMATS, required=True,
                     help="the format SOURCE is in: marian, a Hugging Face MarianMTModel folder (config.json, "
                          "model.safetensors, source.spm, target.spm, vocab.json), such as the Helsinki-NLP opus-mt "
-                         "models; fairseq, a checkpoint of fairseq's transformer (checkpoint_best.pt, model.pt) with "
+                         "models, or a folder of Marian's own (model.*.bin or model.*.npz with its model.yml, "
+                         "vocab.*.spm, optionally config*.yml), such as the Bergamot / Firefox models; fairseq, a "
+                         "checkpoint of fairseq's transformer (checkpoint_best.pt, model.pt) with "
                          "its dict.SRC.txt / dict.TGT.txt and sentencepiece model or BPE codes; transformer-xl, a "
                          "language model of the Transformer-XL reference code, NVIDIA's or Hugging Face's "
                          "TransfoXLLMHeadModel (transfo-xl-wt103): a folder (config.json, model.safetensors or "

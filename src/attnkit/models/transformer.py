@@ -11,7 +11,9 @@ The model builds its parts through a few methods (`make_attention`, `make_feed_f
 Park's TensorFlow Transformer (docs/kyubyong.md). `positions: learned` trains a row per position (ConvS2S, BERT) in
 place of the sinusoids; `positions: shaw` adds none and gives every self-attention Shaw et al.'s relative position
 representations (nn/shaw.py). What a Marian (opus-mt) model needs besides: `activation: swish` (SiLU in the FFN)
-and `output_bias: true` (a bias on the vocabulary logits, Marian's final_logits_bias).
+and `output_bias: true` (a bias on the vocabulary logits, Marian's final_logits_bias); Marian's own models (Bergamot)
+also `norm_eps: 1e-6` and `variant: ssru`, decoder layers whose self-attention is an SSRU (nn/ssru.py), whose
+decoding step carries a cell state per layer in `DecoderState.self_kv` where the others carry keys and values.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from attnkit.nn.layers import StepWeights
 from attnkit.nn.norms import TokenBatchNorm, norm_function
 from attnkit.nn.outputs import Logits
 from attnkit.nn.shaw import self_attention_for
+from attnkit.nn.ssru import SSRU, SSRUDecoderLayer
 
 
 @dataclass
@@ -64,7 +67,8 @@ class DecoderState:
 
     memory_kv: list[KVCache]  # per layer: cross-attention keys/values of the source, computed once
     memory_mask: torch.Tensor | None  # (B, 1, 1, S) True = real source token; None: no padding anywhere
-    self_kv: list[KVCache | None]  # per layer: decoder self-attention keys/values so far
+    # per layer: the decoder self-attention's keys/values so far, or an SSRU layer's cell state c (B, D)
+    self_kv: list[KVCache | torch.Tensor | None]
     length: int = 0  # target positions already fed
     beams: int = 1  # rows per source sentence
     layers: list[StepWeights] | None = None  # per layer: what its step reads, fetched once per search
@@ -74,7 +78,7 @@ class DecoderState:
         source = self.memory_kv[0].k  # (B, H, S, Dh): B sentences, B * self.beams rows
         rows = torch.arange(source.size(0) * self.beams, device=source.device).repeat_interleave(beams)
         return DecoderState(self.memory_kv, self.memory_mask,
-                            [None if kv is None else kv.reorder(rows) for kv in self.self_kv],
+                            [_reorder(kv, rows) for kv in self.self_kv],
                             self.length, self.beams * beams, self.layers)
 
     def reorder(self, indices: torch.Tensor, *, within_sentences: bool = False) -> DecoderState:
@@ -86,11 +90,18 @@ class DecoderState:
             memory_kv=self.memory_kv if within_sentences else [kv.reorder(sentences) for kv in self.memory_kv],
             memory_mask=(self.memory_mask if within_sentences or self.memory_mask is None
                          else self.memory_mask.index_select(0, sentences)),
-            self_kv=[None if kv is None else kv.reorder(indices) for kv in self.self_kv],
+            self_kv=[_reorder(kv, indices) for kv in self.self_kv],
             length=self.length,
             beams=self.beams,
             layers=self.layers,
         )
+
+
+def _reorder(cache: KVCache | torch.Tensor | None, rows: torch.Tensor) -> KVCache | torch.Tensor | None:
+    """A layer's step cache with the rows `rows`: a KVCache's, or an SSRU cell state's (B, D) (models: ssru)."""
+    if cache is None:
+        return None
+    return cache.index_select(0, rows) if isinstance(cache, torch.Tensor) else cache.reorder(rows)
 
 
 def removed_parts(c: TransformerConfig) -> list[str]:
@@ -104,6 +115,7 @@ class Transformer(Seq2Seq):
     variant = "paper"  # TransformerConfig.variant: the subclasses at the end of this file
     attention_class: type[MultiHeadAttention] = MultiHeadAttention  # every attention's (Shaw's self-attention aside)
     block_class: type[Residual] = Residual  # every residual block's
+    decoder_layer_class: type[nn.Module] = DecoderLayer  # its static `step` is the decoding step of every layer
     exportable = True  # False: a part of the paper's layer taken away, which no export format can hold
 
     def __init__(self, config: TransformerConfig):
@@ -120,9 +132,7 @@ class Transformer(Seq2Seq):
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(self.make_self_attention(), self.make_feed_forward(),
                                                   self.make_block) for _ in range(c.n_encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(self.make_self_attention(), self.make_attention(),
-                                                  self.make_feed_forward(), self.make_block)
-                                     for _ in range(c.n_decoder_layers))
+        self.decoder = nn.ModuleList(self.make_decoder_layer() for _ in range(c.n_decoder_layers))
         # Pre-LN stacks end with a LayerNorm (or the variant's norm); post-LN outputs are already normalised.
         self.encoder_norm = self.make_norm() if c.norm_first else nn.Identity()
         self.decoder_norm = self.make_norm() if c.norm_first else nn.Identity()
@@ -153,7 +163,12 @@ class Transformer(Seq2Seq):
         return FeedForward(c.d_model, c.d_ff, c.activation, c.activation_dropout)
 
     def make_norm(self) -> nn.Module:
-        return nn.LayerNorm(self.config.d_model)
+        return nn.LayerNorm(self.config.d_model, eps=self.config.norm_eps)
+
+    def make_decoder_layer(self) -> nn.Module:
+        """Causal self-attention, cross-attention and the FFN (DecoderLayer); the SSRU variant swaps the first."""
+        return DecoderLayer(self.make_self_attention(), self.make_attention(), self.make_feed_forward(),
+                            self.make_block)
 
     def make_block(self) -> Residual:
         """A residual block: `dropout` on the sublayer's output (section 5.4), the norm after the sum or before."""
@@ -263,13 +278,10 @@ class Transformer(Seq2Seq):
         y = self.embed(self.tgt_embed, tokens[:, None], offset=state.length)  # (B, 1, D)
         new_kv, cross = [], []
         layers = state.layers or [layer.step_weights() for layer in self.decoder]
+        layer_step = self.decoder_layer_class.step  # None in the state: a layer's first step
         for weights, mem_kv, self_kv in zip(layers, state.memory_kv, state.self_kv):
-            if self_kv is None:  # first step: an empty cache of the right shape
-                _, h, _, dh = mem_kv.k.shape
-                empty = mem_kv.k.new_zeros(tokens.size(0), h, 0, dh)
-                self_kv = KVCache(empty, empty)
-            y, w, self_kv = DecoderLayer.step(weights, y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
-                                              need_weights=need_weights, beams=state.beams)
+            y, w, self_kv = layer_step(weights, y, mem_kv, memory_mask=state.memory_mask, cache=self_kv,
+                                       need_weights=need_weights, beams=state.beams)
             new_kv.append(self_kv)
             if need_weights:
                 cross.append(w["cross"][:, :, 0])
@@ -349,5 +361,26 @@ class Kyubyong(Transformer):
         return self.dropout(x + pe * ids.ne(PAD_ID)[..., None])  # (B, T, D) + (T, D) * (B, T, 1)
 
 
+class SSRUDecoder(Transformer):
+    """Decoder layers with an SSRU (attnkit.nn.ssru) in place of the causal self-attention: the Bergamot / Firefox
+    translation models' decoder (Kim et al. 2019). A decoding step carries each layer's cell state c (B, D), which
+    beam search reorders as it reorders a KV cache (`DecoderState.reorder`); the decoder has no self-attention maps,
+    so `attention` returns none for it. tests/test_ssru.py checks teacher forcing against the steps."""
+
+    variant, exportable = "ssru", False
+    decoder_layer_class = SSRUDecoderLayer
+
+    def make_decoder_layer(self) -> nn.Module:
+        return SSRUDecoderLayer(SSRU(self.config.d_model), self.make_attention(), self.make_feed_forward(),
+                                self.make_block)
+
+    def attention(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, dict[str, list]]:
+        """As the Transformer's, without "decoder" maps (the SSRU attends to nothing)."""
+        logits, maps = super().attention(src, tgt_in)
+        del maps["decoder"]
+        return logits, maps
+
+
 VARIANTS: dict[str, type[Transformer]] = {cls.variant: cls for cls in (
-    Transformer, NoResidual, NoFeedForward, NoOutputProjection, SharedQK, NoScale, BatchNormed, Kyubyong)}
+    Transformer, NoResidual, NoFeedForward, NoOutputProjection, SharedQK, NoScale, BatchNormed, Kyubyong,
+    SSRUDecoder)}

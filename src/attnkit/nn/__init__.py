@@ -16,6 +16,7 @@ from attnkit.nn.attention import (
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, FeedForward, Residual, Unskipped
 from attnkit.nn.masks import causal_mask, key_padding_to_attn_mask
 from attnkit.nn.positions import LearnedPositions, SinusoidalPositions, position_encoding, sinusoid_table
+from attnkit.nn.ssru import SSRU, SSRUDecoderLayer
 
 __all__ = [
     "AdaptiveEmbedding",
@@ -28,6 +29,8 @@ __all__ = [
     "LearnedPositions",
     "MultiHeadAttention",
     "Residual",
+    "SSRU",
+    "SSRUDecoderLayer",
     "SharedQKAttention",
     "StackedLinear",
     "SinusoidalPositions",

@@ -123,7 +123,7 @@ class StepWeights(NamedTuple):
     place; a search takes a fresh one.
     """
 
-    self_attn: MultiHeadAttention
+    self_attn: MultiHeadAttention | nn.Module  # an SSRU layer's SSRU (nn.ssru) where the self-attention would be
     cross_attn: MultiHeadAttention
     ffn: FeedForward | None  # None: a layer without an FFN
     # the attentions' outputs from their concatenated heads (W^O, or nothing for an attention without one)
@@ -156,13 +156,10 @@ class DecoderLayer(nn.Module):
             out, weights["self"] = self.self_attn(h, causal=True, need_weights=need_weights)
             return out
 
-        def cross_attend(h: torch.Tensor) -> torch.Tensor:
-            out, weights["cross"] = self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
-            return out
-
         y = self.self_block(y, self_attend, keep)
-        y = self.cross_block(y, cross_attend, keep)
-        return _apply(self.ffn_block, self.ffn, y, keep), weights
+        y, weights["cross"] = attend_source(self, y, memory, memory_mask=memory_mask, need_weights=need_weights,
+                                            keep=keep)
+        return y, weights
 
     def step_weights(self) -> StepWeights:
         """The tensors and settings `step` reads (see StepWeights)."""
@@ -178,21 +175,24 @@ class DecoderLayer(nn.Module):
         memory: KVCache,
         *,
         memory_mask: torch.Tensor | None,
-        cache: KVCache,
+        cache: KVCache | None,
         need_weights: bool = False,
         beams: int = 1,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None], KVCache]:
         """Incremental decoding (inference: the model in eval mode): y (B, 1, D) holds each row's newest position,
-        which attends to everything in `cache` and to itself. The memory's keys and values and its mask hold
-        B / beams sentences, each attended by `beams` consecutive rows of y as one block of queries.
+        which attends to everything in `cache` (None: the first step, nothing yet) and to itself. The memory's keys
+        and values and its mask hold B / beams sentences, each attended by `beams` consecutive rows of y as one block
+        of queries (`step_source`).
         -> (B, 1, D), {"self", "cross"} weights, the grown cache.
 
         The same residual blocks and sublayers as `forward` (`residual`, the attentions' projections, the FFN),
         reading `w`; the test suite checks it step by step against `forward`.
         """
-        b, t, d = y.shape  # t = 1
-        pre, (n_self, n_cross, n_ffn) = w.norm_first, w.norms
-        self_weights = cross = None
+        pre, (n_self, _, _) = w.norm_first, w.norms
+        self_weights = None
+        if cache is None:  # the first step: an empty cache of the right shape
+            empty = memory.k.new_zeros(y.size(0), memory.k.size(1), 0, memory.k.size(3))  # (B, H, 0, Dh)
+            cache = KVCache(empty, empty)
 
         def self_attend(h: torch.Tensor) -> torch.Tensor:  # over the cache, which this position joins
             nonlocal cache, self_weights
@@ -202,18 +202,47 @@ class DecoderLayer(nn.Module):
                                                    need_weights=need_weights)
             return w.self_out(out)
 
-        def cross_attend(h: torch.Tensor) -> torch.Tensor:  # a sentence's beams: one block (B / beams, H, beams, Dh)
-            nonlocal cross
-            q = w.cross_attn.project_q(h.reshape(b // beams, beams * t, d))
-            out, cross = w.cross_attn.attend(q, memory.k, memory.v, mask=memory_mask, causal=False,
-                                             need_weights=need_weights)
-            out = out.reshape(b, t, d)
-            return w.cross_out(out)
-
         y = residual(y, self_attend, n_self, pre, skip=w.skip)
-        y = residual(y, cross_attend, n_cross, pre, skip=w.skip)
-        if w.ffn is not None:
-            y = residual(y, w.ffn, n_ffn, pre, skip=w.skip)
-        if cross is not None:
-            cross = cross.unflatten(2, (beams, t)).transpose(1, 2).flatten(0, 1)  # (B, H, 1, S)
+        y, cross = step_source(w, y, memory, memory_mask=memory_mask, need_weights=need_weights, beams=beams)
         return y, {"self": self_weights, "cross": cross}, cache
+
+
+def attend_source(layer: nn.Module, y: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None,
+                  need_weights: bool, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A decoder layer's second half in teacher forcing: y (B, T, D) through the cross-attention block over memory
+    (B, S, D), then the FFN block (where the layer has one) -> (B, T, D), the cross weights (B, H, T, S) or None.
+    `layer` has `cross_attn`, `cross_block`, `ffn`, `ffn_block` (DecoderLayer, nn.ssru.SSRUDecoderLayer)."""
+    weights = None
+
+    def cross_attend(h: torch.Tensor) -> torch.Tensor:
+        nonlocal weights
+        out, weights = layer.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
+        return out
+
+    y = layer.cross_block(y, cross_attend, keep)
+    return _apply(layer.ffn_block, layer.ffn, y, keep), weights
+
+
+def step_source(w: StepWeights, y: torch.Tensor, memory: KVCache, *, memory_mask: torch.Tensor | None,
+                need_weights: bool, beams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A decoder layer's second half in a decoding step: y (B, 1, D) through the cross-attention block over the
+    memory's keys and values, kept once per sentence (B / beams, H, S, Dh) and attended by a sentence's `beams`
+    consecutive rows as one block of queries, then the FFN block -> (B, 1, D), cross weights (B, H, 1, S) or None."""
+    b, t, d = y.shape  # t = 1
+    pre, (_, n_cross, n_ffn) = w.norm_first, w.norms
+    cross = None
+
+    def cross_attend(h: torch.Tensor) -> torch.Tensor:  # a sentence's beams: one block (B / beams, H, beams, Dh)
+        nonlocal cross
+        q = w.cross_attn.project_q(h.reshape(b // beams, beams * t, d))
+        out, cross = w.cross_attn.attend(q, memory.k, memory.v, mask=memory_mask, causal=False,
+                                         need_weights=need_weights)
+        out = out.reshape(b, t, d)
+        return w.cross_out(out)
+
+    y = residual(y, cross_attend, n_cross, pre, skip=w.skip)
+    if w.ffn is not None:
+        y = residual(y, w.ffn, n_ffn, pre, skip=w.skip)
+    if cross is not None:
+        cross = cross.unflatten(2, (beams, t)).transpose(1, 2).flatten(0, 1)  # (B, H, 1, S)
+    return y, cross
