@@ -85,7 +85,7 @@ class Candidate:
 def constrained_beam_search(model, src: torch.Tensor, constraints: list[list[int]], *, beam: int = 5, nbest: int = 1,
                             max_len_a: float = 1.2, max_len_b: int = 10, max_len: int = 0, min_len: int = 0,
                             len_penalty: float = 1.0, len_style: str = "length", no_repeat_ngram: int = 0,
-                            need_attention: bool = False, attention_layer: int = -1, **_) -> list[Hypothesis]:
+                            need_attention: bool = False, attention_layer: int = -1) -> list[Hypothesis]:
     """The `nbest` best hypotheses for one source src (1, S) that contain every constraint, best first (ranked
     by score / length_penalty, those that met every constraint first)."""
     k, lengths = beam, [len(c) for c in constraints]
@@ -111,7 +111,7 @@ def constrained_beam_search(model, src: torch.Tensor, constraints: list[list[int
         cands = _candidates(scores[:, None] + logp, progress, constraints, k)
         for c in cands:
             if c.token == EOS_ID:
-                _finish(finished, c, history, attn_hist, constraints, k, len_penalty, len_style)
+                _finish(finished, c, history, attn_hist, k, len_penalty, len_style)
         chosen = _allocate([c for c in cands if c.token != EOS_ID], lengths, k)
         if not chosen or _settled(finished, chosen, t, limit, nbest, len_penalty, len_style):
             break
@@ -156,8 +156,8 @@ def _allocate(cands: list[Candidate], lengths: list[int], k: int) -> list[Candid
     return chosen
 
 
-def _finish(finished: list[Hypothesis], c: Candidate, history: torch.Tensor, attn_hist: torch.Tensor | None,
-            constraints: list[list[int]], k: int, alpha: float, style: str) -> None:
+def _finish(finished: list[Hypothesis], c: Candidate, history: torch.Tensor, attn_hist: torch.Tensor | None, k: int,
+            alpha: float, style: str) -> None:
     """Record an ended hypothesis; the K best are kept, those that met every constraint first."""
     tokens = history[c.row].tolist()
     unmet = tuple(i for i, m in enumerate(c.progress.met) if not m)
